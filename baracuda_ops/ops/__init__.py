@@ -1,0 +1,1 @@
+"""One module per op family: public function, fake, autograd and Plan classes."""

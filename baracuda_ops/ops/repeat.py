@@ -1,0 +1,194 @@
+"""repeat family: ``Tensor.repeat`` and its backward (a deterministic tile sum).
+
+``repeat(x, repeats)[i] = x[i_d mod s_d for each d]`` with x padded on the left
+to ``len(repeats)`` dims; ``repeat_backward(grad, repeats, input_shape)[c] =
+sum over the repeat grid k of grad[c + k * input_shape]`` (extra leading dims
+summed away), in a fixed order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
+
+__all__ = [
+    "repeat",
+    "RepeatDescriptor",
+    "RepeatArgs",
+    "RepeatPlan",
+    "RepeatBackwardDescriptor",
+    "RepeatBackwardArgs",
+    "RepeatBackwardPlan",
+]
+
+
+def repeat(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
+    """Same result as ``x.repeat(*repeats)``; differentiable (twice)."""
+    return torch.ops.baracuda.repeat(x, list(repeats))
+
+
+def _output_shape(op: str, input_shape: Sequence, repeats: Sequence) -> list:
+    if len(repeats) < len(input_shape):
+        raise ValueError(
+            f"baracuda::{op}: repeats {list(repeats)} has {len(repeats)} entries but the input has "
+            f"{len(input_shape)} dims; expected at least {len(input_shape)}"
+        )
+    for r in repeats:
+        if isinstance(r, int) and r < 0:
+            raise ValueError(f"baracuda::{op}: repeats must be >= 0, got {list(repeats)}")
+    padded = [1] * (len(repeats) - len(input_shape)) + list(input_shape)
+    return [s * r for s, r in zip(padded, repeats)]
+
+
+@torch.library.register_fake("baracuda::repeat")
+def _repeat_fake(x, repeats):
+    return x.new_empty(_output_shape("repeat", x.shape, repeats))
+
+
+@torch.library.register_fake("baracuda::repeat.out")
+def _repeat_out_fake(x, repeats, *, out):
+    return None
+
+
+@torch.library.register_fake("baracuda::repeat_backward")
+def _repeat_backward_fake(grad, repeats, input_shape):
+    expected = _output_shape("repeat_backward", input_shape, repeats)
+    if grad.dim() != len(expected):
+        raise ValueError(f"baracuda::repeat_backward: grad shape {list(grad.shape)} != expected {expected}")
+    return grad.new_empty(list(input_shape))
+
+
+@torch.library.register_fake("baracuda::repeat_backward.out")
+def _repeat_backward_out_fake(grad, repeats, input_shape, *, grad_input, workspace):
+    return None
+
+
+def _repeat_setup_context(ctx, inputs, output):
+    x, repeats = inputs
+    ctx.repeats = repeats
+    ctx.input_shape = x.shape
+
+
+def _repeat_autograd(ctx, grad):
+    return torch.ops.baracuda.repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+
+
+def _repeat_backward_setup_context(ctx, inputs, output):
+    _, repeats, _ = inputs
+    ctx.repeats = repeats
+
+
+def _repeat_backward_autograd(ctx, grad_grad_input):
+    return torch.ops.baracuda.repeat(grad_grad_input, ctx.repeats), None, None
+
+
+torch.library.register_autograd("baracuda::repeat", _repeat_autograd, setup_context=_repeat_setup_context)
+torch.library.register_autograd(
+    "baracuda::repeat_backward", _repeat_backward_autograd, setup_context=_repeat_backward_setup_context
+)
+
+
+# --------------------------------------------------------------------------- Plan API
+
+
+@dataclass(frozen=True)
+class RepeatDescriptor:
+    input_shape: tuple[int, ...]
+    repeats: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device | str = "cpu"
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        with plan_errors():
+            return tuple(_output_shape("repeat", self.input_shape, self.repeats))
+
+
+@dataclass
+class RepeatArgs:
+    input: torch.Tensor
+    out: torch.Tensor
+
+
+def _problem(input_shape: Sequence[int], repeats: Sequence[int]) -> list[int]:
+    return [len(input_shape), *input_shape, *repeats]
+
+
+class RepeatPlan(Plan):
+    """Writes ``input.repeat(*repeats)`` into ``args.out``."""
+
+    op = "repeat"
+
+    @classmethod
+    def select(cls, desc: RepeatDescriptor, pref: PlanPreference = PlanPreference()) -> "RepeatPlan":
+        desc.output_shape  # validates
+        return cls(desc, pref, _problem(desc.input_shape, desc.repeats))
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        # A pure copy: exact in every dtype.
+        return PrecisionGuarantee(self.desc.dtype, self.desc.dtype, True, True)
+
+    def can_implement(self, args: RepeatArgs) -> None:
+        self._check_tensor("input", args.input, self.desc.input_shape, self.desc.dtype)
+        self._check_tensor("out", args.out, self.desc.output_shape, self.desc.dtype)
+
+    def run(self, args: RepeatArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        with plan_errors():
+            torch.ops.baracuda.repeat.out(args.input, list(self.desc.repeats), out=args.out)
+
+
+@dataclass(frozen=True)
+class RepeatBackwardDescriptor:
+    input_shape: tuple[int, ...]
+    repeats: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device | str = "cpu"
+
+    @property
+    def grad_shape(self) -> tuple[int, ...]:
+        with plan_errors():
+            return tuple(_output_shape("repeat_backward", self.input_shape, self.repeats))
+
+
+@dataclass
+class RepeatBackwardArgs:
+    grad: torch.Tensor
+    grad_input: torch.Tensor
+
+
+class RepeatBackwardPlan(Plan):
+    """Writes the gradient of ``repeat`` w.r.t. its input into ``args.grad_input``."""
+
+    op = "repeat_backward"
+
+    @classmethod
+    def select(
+        cls, desc: RepeatBackwardDescriptor, pref: PlanPreference = PlanPreference()
+    ) -> "RepeatBackwardPlan":
+        desc.grad_shape  # validates
+        if desc.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise InvalidProblemError(
+                f"baracuda::repeat_backward: grad must be float16, bfloat16, float32 or float64, got {desc.dtype}"
+            )
+        return cls(desc, pref, _problem(desc.input_shape, desc.repeats))
+
+    def can_implement(self, args: RepeatBackwardArgs) -> None:
+        self._check_tensor("grad", args.grad, self.desc.grad_shape, self.desc.dtype)
+        self._check_tensor("grad_input", args.grad_input, self.desc.input_shape, self.desc.dtype)
+
+    def run(self, args: RepeatBackwardArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        buffer = self._workspace(workspace)
+        with plan_errors():
+            torch.ops.baracuda.repeat_backward.out(
+                args.grad,
+                list(self.desc.repeats),
+                list(self.desc.input_shape),
+                grad_input=args.grad_input,
+                workspace=buffer,
+            )

@@ -1,0 +1,80 @@
+// Small CUDA helpers shared by every .cu file: 16-byte vectors, device facts,
+// warp/block reductions in a fixed order (deterministic).
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/macros/Macros.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+
+namespace baracuda {
+namespace cuda {
+
+template <typename T>
+C10_HOST_DEVICE constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+// N elements of T moved as one aligned access (16 bytes when sizeof(T) * N == 16).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+inline bool is_aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Multiprocessor count of the current device, read once per device.
+inline int num_sms() {
+  static std::array<int, 64> cache{};
+  const int dev = c10::cuda::current_device();
+  if (cache[dev] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev] = n;
+  }
+  return cache[dev];
+}
+
+// Sum across a warp with a fixed butterfly order: every lane gets the same,
+// run-to-run identical result.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum across the block in a fixed order; every thread receives the total.
+// `scratch` holds at least blockDim.x / 32 values. Ends with a barrier, so it
+// may be called again with the same scratch.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int num_warps = (blockDim.x + 31) / 32;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T total = lane < num_warps ? scratch[lane] : T(0);
+  total = warp_sum(total);
+  __syncthreads();
+  return total;
+}
+
+}  // namespace cuda
+}  // namespace baracuda

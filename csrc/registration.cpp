@@ -1,0 +1,66 @@
+// Every baracuda operator schema, in one place. Kernels are registered per
+// backend in csrc/cpu/<family>.cpp and csrc/cuda/<family>.cu; fake (meta)
+// implementations and autograd live in baracuda_ops/ops/<family>.py.
+#include <Python.h>
+
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+// The kernel a launcher would choose for `problem` on `device`, and its
+// workspace bytes. Errors if the op has no kernel for that device type.
+std::tuple<std::string, int64_t> kernel_choice(c10::string_view op, c10::Device device, c10::IntArrayRef problem,
+                                               c10::ScalarType dtype) {
+  const auto& selectors = variant_selectors();
+  const auto it = selectors.find({std::string(op), device.type()});
+  TORCH_CHECK_NOT_IMPLEMENTED(it != selectors.end(), "baracuda::_kernel_choice: no ", device.type(),
+                              " kernel is registered for ", op, " in this build");
+  c10::OptionalDeviceGuard guard;
+  if (device.has_index()) guard.reset_device(device);
+  KernelChoice choice = it->second(problem, dtype);
+  return {choice.variant, choice.workspace_bytes};
+}
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY(baracuda, m) {
+  m.def("_kernel_choice(str op, Device device, int[] problem, ScalarType dtype) -> (str, int)",
+        &baracuda::kernel_choice);
+
+  // repeat
+  m.def("repeat(Tensor self, SymInt[] repeats) -> Tensor");
+  m.def("repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> ()");
+  m.def("repeat_backward(Tensor grad, SymInt[] repeats, SymInt[] input_shape) -> Tensor");
+  m.def(
+      "repeat_backward.out(Tensor grad, SymInt[] repeats, SymInt[] input_shape, *, Tensor(a!) grad_input, "
+      "Tensor(b!) workspace) -> ()");
+}
+
+// The extension module itself only carries build facts; importing it runs the
+// registrations above.
+#ifdef BARACUDA_WITH_CUDA
+#define BARACUDA_PY_WITH_CUDA 1
+#else
+#define BARACUDA_PY_WITH_CUDA 0
+#define BARACUDA_CUDA_ARCHS ""
+#endif
+
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "baracuda_ops native kernels", -1, nullptr};
+  PyObject* m = PyModule_Create(&module);
+  if (m == nullptr) return nullptr;
+  if (PyModule_AddIntConstant(m, "with_cuda", BARACUDA_PY_WITH_CUDA) < 0 ||
+      PyModule_AddStringConstant(m, "cuda_archs", BARACUDA_CUDA_ARCHS) < 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

@@ -1,0 +1,74 @@
+"""Build of the baracuda_ops extension (`baracuda_ops._C`).
+
+CPU kernels always build. CUDA kernels build when the installed torch has CUDA
+(`torch.version.cuda`) and nvcc is found through CUDA_HOME, unless
+BARACUDA_FORCE_CPU=1. TORCH_CUDA_ARCH_LIST (default "9.0") and MAX_JOBS are
+honoured. Install with `pip install --no-build-isolation -e .` so the build
+uses the torch that is already installed.
+"""
+
+import glob
+import os
+import sys
+import sysconfig
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _want_cuda() -> bool:
+    if os.environ.get("BARACUDA_FORCE_CPU", "0") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def _extension():
+    with_cuda = _want_cuda()
+    sources = [os.path.join("csrc", "registration.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
+    include_dirs = [os.path.join(ROOT, "csrc", "include")]
+    define_macros: list = []
+    cxx_flags = ["-O3"]
+    if not with_cuda:
+        return CppExtension(
+            "baracuda_ops._C",
+            sources,
+            include_dirs=include_dirs,
+            define_macros=define_macros,
+            extra_compile_args={"cxx": cxx_flags},
+        )
+
+    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    # CUDA 13 wheels keep cusparse.h etc. under site-packages/nvidia/cu13/include,
+    # which ATen/cuda/CUDAContext.h needs.
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        extra = os.path.join(site, "nvidia", "cu13", "include")
+        if os.path.isdir(extra):
+            include_dirs.append(extra)
+    define_macros += [
+        ("BARACUDA_WITH_CUDA", "1"),
+        ("BARACUDA_CUDA_ARCHS", '"' + archs + '"'),
+    ]
+    return CUDAExtension(
+        "baracuda_ops._C",
+        sources,
+        include_dirs=include_dirs,
+        define_macros=define_macros,
+        extra_compile_args={
+            "cxx": cxx_flags,
+            "nvcc": ["-O3", "-lineinfo", "--expt-relaxed-constexpr"],
+        },
+    )
+
+
+if sys.version_info < (3, 10):
+    raise RuntimeError("baracuda_ops needs Python >= 3.10")
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

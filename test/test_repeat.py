@@ -1,0 +1,250 @@
+import pytest
+import torch
+from expecttest import TestCase
+
+import baracuda_ops
+from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison, random
+
+# (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
+# odd sizes, the benchmark layouts (bias-like, row/column/image tiling, leading expansion).
+CASES = [
+    ((3,), (2,)),
+    ((3, 4), (2, 1)),
+    ((3, 4), (1, 3)),
+    ((3, 4), (2, 2, 3)),
+    ((2, 3, 5), (2, 1, 2)),
+    ((7,), (0,)),
+    ((3, 4), (0, 2)),
+    ((0, 4), (2, 3)),
+    ((), (3, 2)),
+    ((1, 1), (1, 1)),
+    ((5, 1, 3), (1, 4, 1)),
+    ((64,), (33, 1)),
+    ((4, 16), (2, 3)),
+    ((2, 3, 8, 8), (1, 1, 2, 2)),
+    ((16, 16), (3, 1, 1)),
+    ((1, 2, 3, 1, 2), (2, 1, 2, 3, 1, 2)),
+]
+
+ALL_DTYPES = FLOAT_DTYPES + (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex128)
+
+
+@pytest.mark.parametrize("shape,repeats", CASES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_forward_equals_tensor_repeat(device, shape, repeats, dtype):
+    x = random(shape, dtype, device)
+    torch.testing.assert_close(baracuda_ops.repeat(x, repeats), x.repeat(*repeats), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_non_contiguous_and_offset(device, dtype):
+    base = random((9, 6), dtype, device)
+    for x in (base.t(), base[1:, 1:], base[:, ::2], base.view(-1)[3:].view(3, 17)):
+        torch.testing.assert_close(baracuda_ops.repeat(x, (2, 3)), x.repeat(2, 3), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape,repeats", CASES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_matches_float64_reference(device, shape, repeats, dtype):
+    x = random(shape, dtype, device, requires_grad=True)
+    y = baracuda_ops.repeat(x, repeats)
+    grad = random(y.shape, dtype, device)
+    (dx,) = torch.autograd.grad(y, x, grad)
+    x64 = x.detach().double().requires_grad_()
+    (ref,) = torch.autograd.grad(x64.repeat(*repeats), x64, grad.double())
+    tiles = max(1, y.numel() // max(1, x.numel()))
+    assert dx.dtype == dtype and dx.shape == x.shape
+    # A sum of `tiles` values rounded once: the error grows with sqrt(tiles) at most.
+    assert_close(dx, ref, scale=max(1.0, tiles**0.5))
+
+
+@pytest.mark.parametrize("shape,repeats", [((4096,), (8192, 1)), ((8, 256), (1, 16)), ((2, 3, 8, 8), (2, 1, 2, 2))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_backward_bit_identical_twice(device, shape, repeats, dtype):
+    grad = random([s * r for s, r in zip([1] * (len(repeats) - len(shape)) + list(shape), repeats)], dtype, device)
+    a = torch.ops.baracuda.repeat_backward(grad, repeats, shape)
+    b = torch.ops.baracuda.repeat_backward(grad, repeats, shape)
+    assert torch.equal(a.view(torch.uint8) if dtype != torch.float32 else a.view(torch.int32),
+                       b.view(torch.uint8) if dtype != torch.float32 else b.view(torch.int32))
+    # Accumulated in float32 and rounded once: float32 summation error plus one rounding to dtype.
+    x64 = torch.zeros(shape, dtype=torch.float64, device=device, requires_grad=True)
+    (ref,) = torch.autograd.grad(x64.repeat(*repeats), x64, grad.double())
+    tiles = grad.numel() // a.numel()
+    torch.testing.assert_close(a.double(), ref, rtol=torch.finfo(dtype).eps, atol=4 * tiles * 2**-23)
+
+
+def test_backward_of_non_contiguous_grad(device):
+    x = random((3, 5), torch.float64, device, requires_grad=True)
+    grad = random((10, 6), torch.float64, device).t()
+    assert not grad.is_contiguous()
+    (dx,) = torch.autograd.grad(baracuda_ops.repeat(x, (2, 2)), x, grad)
+    (ref,) = torch.autograd.grad(x.repeat(2, 2), x, grad)
+    assert_close(dx, ref)
+
+
+def test_gradcheck_and_gradgradcheck(device):
+    x = random((3, 1, 4), torch.float64, device, requires_grad=True)
+    f = lambda t: baracuda_ops.repeat(t, (2, 1, 3, 2))
+    assert torch.autograd.gradcheck(f, (x,))
+    assert torch.autograd.gradgradcheck(f, (x,))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(device, requires_grad):
+    for shape, repeats in [((3, 4), (2, 1, 3)), ((5,), (4,)), ((2, 3), (0, 2)), ((4, 16), (2, 3))]:
+        x = random(shape, torch.float32, device, requires_grad=requires_grad)
+        opcheck(torch.ops.baracuda.repeat.default, (x, list(repeats)))
+        y_shape = x.repeat(*repeats).shape
+        g = random(y_shape, torch.float32, device, requires_grad=requires_grad)
+        opcheck(torch.ops.baracuda.repeat_backward.default, (g, list(repeats), list(shape)))
+
+
+def test_opcheck_out_variants(device):
+    x = random((3, 4), torch.float32, device)
+    out = torch.empty(6, 12, device=device)
+    opcheck(torch.ops.baracuda.repeat.out, (x, [2, 3]), {"out": out})
+    g = random((6, 12), torch.float32, device)
+    gi = torch.empty(3, 4, device=device)
+    ws = torch.empty(0, dtype=torch.uint8, device=device)
+    opcheck(torch.ops.baracuda.repeat_backward.out, (g, [2, 3], [3, 4]), {"grad_input": gi, "workspace": ws})
+
+
+def test_compile_fullgraph_dynamic_matches_eager(device):
+    def fn(x):
+        return baracuda_ops.repeat(x * 2, (3, 1, 2)).sin()
+
+    check_compile_matches_eager(fn, [random((4, 6), torch.float32, device, requires_grad=True)])
+    check_compile_matches_eager(fn, [random((5, 3), torch.float32, device, requires_grad=True)])
+
+
+# ---------------------------------------------------------------------------- Plan API
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_plan_run_writes_every_element(device, dtype):
+    desc = baracuda_ops.RepeatDescriptor((5, 6), (2, 3, 1), dtype, device)
+    plan = baracuda_ops.RepeatPlan.select(desc)
+    x = random((5, 6), dtype, device)
+    out = poison(torch.empty(desc.output_shape, dtype=dtype, device=device))
+    plan.run(baracuda_ops.RepeatArgs(x, out))
+    torch.testing.assert_close(out, x.repeat(2, 3, 1), rtol=0, atol=0)
+    sku = plan.sku()
+    assert sku.op == "repeat" and sku.device_type == device.type and sku.variant
+    assert plan.workspace_size() == 0
+    assert plan.precision_guarantee().deterministic
+
+
+@pytest.mark.parametrize("shape,repeats", [((5, 6), (2, 3, 1)), ((4096,), (8192, 1))])
+def test_backward_plan_with_caller_workspace(device, shape, repeats):
+    desc = baracuda_ops.RepeatBackwardDescriptor(shape, repeats, torch.float32, device)
+    plan = baracuda_ops.RepeatBackwardPlan.select(desc)
+    grad = random(desc.grad_shape, torch.float32, device)
+    gi = poison(torch.empty(shape, device=device))
+    ws = baracuda_ops.Workspace.allocate(plan.workspace_size(), device)
+    plan.run(baracuda_ops.RepeatBackwardArgs(grad, gi), ws)
+    torch.testing.assert_close(gi, torch.ops.baracuda.repeat_backward(grad, repeats, shape), rtol=0, atol=0)
+    assert plan.precision_guarantee().accumulator_dtype == torch.float32
+    if plan.workspace_size() > 0:
+        assert "split" in plan.sku().variant
+        with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
+            plan.run(baracuda_ops.RepeatBackwardArgs(grad, gi), baracuda_ops.Workspace.allocate(1, device))
+        with pytest.raises(baracuda_ops.UnsupportedError):
+            baracuda_ops.RepeatBackwardPlan.select(desc, baracuda_ops.PlanPreference(max_workspace_bytes=0))
+
+
+def test_plan_errors(device):
+    plan = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((3, 4), (2, 2), torch.float32, device))
+    x = random((3, 4), torch.float32, device)
+    with pytest.raises(baracuda_ops.BufferTooSmallError):
+        plan.run(baracuda_ops.RepeatArgs(x, torch.empty(5, 8, device=device)))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.RepeatArgs(x, torch.empty(6, 8, dtype=torch.float64, device=device)))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.RepeatArgs(x.double(), torch.empty(6, 8, device=device)))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="repeats must be >= 0"):
+        baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((3,), (-1,), torch.float32, device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="float16, bfloat16"):
+        baracuda_ops.RepeatBackwardPlan.select(baracuda_ops.RepeatBackwardDescriptor((3,), (2,), torch.int32, device))
+    assert issubclass(baracuda_ops.InvalidProblemError, ValueError)
+    assert issubclass(baracuda_ops.UnsupportedError, NotImplementedError)
+
+
+# ---------------------------------------------------------------------------- schemas and errors
+
+
+class TestRepeatMessages(TestCase):
+    def test_schemas(self):
+        self.assertExpectedInline(
+            "\n".join(
+                str(op._schema)
+                for op in (
+                    torch.ops.baracuda.repeat.default,
+                    torch.ops.baracuda.repeat.out,
+                    torch.ops.baracuda.repeat_backward.default,
+                    torch.ops.baracuda.repeat_backward.out,
+                )
+            ),
+            """\
+baracuda::repeat(Tensor self, SymInt[] repeats) -> Tensor
+baracuda::repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out) -> ()
+baracuda::repeat_backward(Tensor grad, SymInt[] repeats, SymInt[] input_shape) -> Tensor
+baracuda::repeat_backward.out(Tensor grad, SymInt[] repeats, SymInt[] input_shape, *, Tensor(a!) grad_input, Tensor(b!) workspace) -> ()""",
+        )
+
+    def test_negative_repeats(self):
+        x = torch.randn(3, 4)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.repeat(x, [2, -1]),
+            """baracuda::repeat: repeats must be >= 0, got [2, -1]""",
+        )
+
+    def test_fewer_repeats_than_dims(self):
+        x = torch.randn(3, 4)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.repeat(x, [2]),
+            """baracuda::repeat: repeats [2] has 1 entries but the input has 2 dims; expected at least 2""",
+        )
+
+    def test_wrong_grad_shape(self):
+        g = torch.randn(6, 7)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.repeat_backward(g, [2, 2], [3, 4]),
+            """baracuda::repeat_backward: grad shape [6, 7] != expected [6, 8] (input_shape [3, 4] repeated [2, 2])""",
+        )
+
+    def test_integer_grad(self):
+        g = torch.ones(6, 8, dtype=torch.int32)
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.repeat_backward(g, [2, 2], [3, 4]),
+            """baracuda::repeat_backward: grad must be float16, bfloat16, float32 or float64, got Int""",
+        )
+
+    def test_out_dtype_mismatch(self):
+        x = torch.randn(3, 4)
+        out = torch.empty(6, 8, dtype=torch.float64)
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.repeat.out(x, [2, 2], out=out),
+            """baracuda::repeat: out dtype Double != expected Float""",
+        )
+
+    def test_grad_input_shape_mismatch(self):
+        g = torch.randn(6, 8)
+        gi = torch.empty(3, 5)
+        ws = torch.empty(0, dtype=torch.uint8)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.repeat_backward.out(g, [2, 2], [3, 4], grad_input=gi, workspace=ws),
+            """baracuda::repeat_backward: grad_input shape [3, 5] != expected [3, 4]""",
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_mismatch_cuda():
+    x = torch.randn(3, 4, device="cuda")
+    with pytest.raises(ValueError, match=r"baracuda::repeat: out is on cpu, expected cuda:0"):
+        torch.ops.baracuda.repeat.out(x, [2, 2], out=torch.empty(6, 8))
