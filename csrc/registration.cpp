@@ -42,6 +42,22 @@ TORCH_LIBRARY(baracuda, m) {
   m.def(
       "repeat_backward.out(Tensor grad, SymInt[] repeats, SymInt[] input_shape, *, Tensor(a!) grad_input, "
       "Tensor(b!) workspace) -> ()");
+
+  // rms_norm
+
+  // (rms_norm schemas end)
+
+  // embedding_bag
+
+  // (embedding_bag schemas end)
+
+  // fractional_max_pool
+
+  // (fractional_max_pool schemas end)
+
+  // alibi
+
+  // (alibi schemas end)
 }
 
 // The extension module itself only carries build facts; importing it runs the

@@ -1,0 +1,204 @@
+"""Benchmark and self-check machinery behind ``python -m baracuda_ops``.
+
+Each op family module (``baracuda_ops/ops/<family>.py``) may define
+
+* ``self_checks() -> list[SelfCheck]``: each runs the op against its reference
+  on a device (raises AssertionError on a mismatch);
+* ``benchmarks(device, full) -> list[BenchCase]``: timed problems with their
+  bytes-moved floor and the peers a user would pick instead.
+
+Timing: CUDA events (``time.perf_counter`` on CPU), warm-up, median of many
+runs, and inputs rotated among several copies so the working set exceeds the
+L2 cache (50 MB on the H100). The device's copy bandwidth is measured in the
+same run; every result is reported as a fraction of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pkgutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+L2_BYTES = 50 * 2**20
+
+
+@dataclass
+class SelfCheck:
+    op: str
+    dtype: torch.dtype
+    run: Callable[[torch.device], None]
+
+
+@dataclass
+class BenchCase:
+    family: str
+    name: str
+    nbytes: int  # the floor: each input read once, each output written once
+    make_inputs: Callable[[], tuple]  # fresh inputs; called several times to rotate beyond L2
+    ours: Callable[..., Any]
+    peers: dict[str, Callable[..., Any]] = field(default_factory=dict)  # name -> fn(*inputs)
+    compile_peer: Callable[..., Any] | None = None  # eager formulation to wrap in torch.compile
+
+
+@dataclass
+class BenchResult:
+    family: str
+    name: str
+    impl: str
+    ms: float
+    gbps: float
+    fraction_of_copy: float
+
+
+def families() -> list[Any]:
+    from . import ops
+
+    return [importlib.import_module(f"{ops.__name__}.{m.name}") for m in sorted(pkgutil.iter_modules(ops.__path__), key=lambda m: m.name)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable, input_sets: Sequence[tuple], device: torch.device, min_runs: int = 20, budget_s: float = 0.5) -> float:
+    """Median milliseconds of fn(*inputs), rotating through input_sets."""
+    for i in range(3):
+        fn(*input_sets[i % len(input_sets)])
+    _sync(device)
+    # Estimate one run to size the number of repetitions within the budget.
+    t0 = time.perf_counter()
+    fn(*input_sets[0])
+    _sync(device)
+    one = max(time.perf_counter() - t0, 1e-6)
+    runs = int(min(max(min_runs, budget_s / one), 2000))
+    times = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+        for i, (start, end) in enumerate(events):
+            args = input_sets[i % len(input_sets)]
+            start.record()
+            fn(*args)
+            end.record()
+        torch.cuda.synchronize(device)
+        times = [s.elapsed_time(e) for s, e in events]
+    else:
+        for i in range(runs):
+            args = input_sets[i % len(input_sets)]
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbps(device: torch.device) -> float:
+    """Measured device copy bandwidth, counting bytes read plus bytes written."""
+    n = (512 if device.type == "cuda" else 64) * 2**20
+    src = [torch.empty(n, dtype=torch.uint8, device=device).random_() for _ in range(2)]
+    dst = [torch.empty_like(s) for s in src]
+    sets = [(d, s) for d, s in zip(dst, src)]
+    ms = time_ms(lambda d, s: d.copy_(s), sets, device)
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def _input_sets(case: BenchCase, device: torch.device) -> list[tuple]:
+    """Enough independent copies of the inputs that cycling through them exceeds L2."""
+    copies = 1 if device.type == "cpu" else max(1, min(8, math.ceil(2 * L2_BYTES / max(case.nbytes, 1))))
+    return [case.make_inputs() for _ in range(copies)]
+
+
+def run_benchmarks(device: torch.device, full: bool = False, peers: bool = True, only: str | None = None,
+                   progress: Callable[[int, int, str], None] | None = None) -> tuple[float, list[BenchResult]]:
+    copy_gbps = copy_bandwidth_gbps(device)
+    cases: list[BenchCase] = []
+    for fam in families():
+        if hasattr(fam, "benchmarks"):
+            cases += [c for c in fam.benchmarks(device, full) if only is None or only in c.family]
+    results: list[BenchResult] = []
+    for i, case in enumerate(cases):
+        if progress:
+            progress(i, len(cases), case.name)
+        sets = _input_sets(case, device)
+        impls = {"baracuda": case.ours}
+        if peers:
+            impls.update(case.peers)
+            if case.compile_peer is not None:
+                torch._dynamo.reset()
+                impls["torch.compile"] = torch.compile(case.compile_peer)
+        for impl, fn in impls.items():
+            try:
+                ms = time_ms(fn, sets, device)
+            except Exception as e:  # a peer that cannot run this case is reported, not fatal
+                print(f"  [{impl}] {case.name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                continue
+            gbps = case.nbytes / (ms * 1e-3) / 1e9
+            results.append(BenchResult(case.family, case.name, impl, ms, gbps, gbps / copy_gbps))
+        del sets
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if progress:
+        progress(len(cases), len(cases), "done")
+    return copy_gbps, results
+
+
+def format_table(copy_gbps: float, results: list[BenchResult]) -> str:
+    """Markdown table: one row per case, our time and fraction, and our speed-up over each peer."""
+    by_case: dict[tuple[str, str], dict[str, BenchResult]] = {}
+    for r in results:
+        by_case.setdefault((r.family, r.name), {})[r.impl] = r
+    peer_names = sorted({r.impl for r in results if r.impl != "baracuda"})
+    head = ["case", "baracuda ms", "GB/s", "of copy"] + [f"{p} ms" for p in peer_names] + [f"× {p}" for p in peer_names]
+    lines = [f"copy bandwidth: {copy_gbps:.0f} GB/s (read + write)", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for (family, name), impls in by_case.items():
+        ours = impls.get("baracuda")
+        if ours is None:
+            continue
+        row = [name, f"{ours.ms:.4f}", f"{ours.gbps:.0f}", f"{ours.fraction_of_copy:.2f}"]
+        row += [f"{impls[p].ms:.4f}" if p in impls else "—" for p in peer_names]
+        row += [f"{impls[p].ms / ours.ms:.2f}" if p in impls else "—" for p in peer_names]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: str, device: torch.device, copy_gbps: float, results: list[BenchResult]) -> None:
+    info = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "copy_gbps": copy_gbps,
+        "results": [r.__dict__ for r in results],
+    }
+    with open(path, "w") as f:
+        json.dump(info, f, indent=1)
+
+
+def write_plot(path: str, copy_gbps: float, results: list[BenchResult]) -> None:
+    """Bar chart of achieved fraction of copy bandwidth per case and implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.name for r in results))
+    impls = list(dict.fromkeys(r.impl for r in results))
+    frac = {(r.name, r.impl): r.fraction_of_copy for r in results}
+    width = 0.8 / max(len(impls), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(names) * max(len(impls), 1)), 5))
+    for j, impl in enumerate(impls):
+        xs = [i + j * width for i in range(len(names))]
+        ax.bar(xs, [frac.get((n, impl), 0.0) for n in names], width, label=impl)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+    ax.set_xticklabels(names, rotation=75, ha="right", fontsize=7)
+    ax.set_ylabel(f"fraction of copy bandwidth ({copy_gbps:.0f} GB/s)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
