@@ -248,3 +248,20 @@ def test_device_mismatch_cuda():
     x = torch.randn(3, 4, device="cuda")
     with pytest.raises(ValueError, match=r"baracuda::repeat: out is on cpu, expected cuda:0"):
         torch.ops.baracuda.repeat.out(x, [2, 2], out=torch.empty(6, 8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (uses ~9 GB)")
+def test_cuda_64bit_index_paths():
+    # Outputs past 2^31 elements take the 64-bit index kernels.
+    x = torch.randint(0, 255, (1 << 16,), dtype=torch.uint8, device="cuda")
+    reps = ((1 << 15) + 3, 1)
+    y = torch.ops.baracuda.repeat(x, list(reps))
+    assert y.numel() > 2**31
+    assert torch.equal(y, x.repeat(*reps))
+    plan = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((1 << 16,), reps, torch.uint8, "cuda"))
+    assert "i64" in plan.sku().variant
+    del y
+    g = torch.randn(((1 << 15) + 3) * 2, 1 << 15, device="cuda", dtype=torch.float16)
+    dx = torch.ops.baracuda.repeat_backward(g, [(1 << 15) + 3, 1], [2, 1 << 15])
+    ref = g.view(-1, 2, 1 << 15).float().sum(0)
+    torch.testing.assert_close(dx.float(), ref, rtol=2e-3, atol=0.5)

@@ -208,20 +208,25 @@ def _reference_backward(grad: torch.Tensor, repeats: Sequence[int], input_shape:
 def self_checks():
     from ..bench import SelfCheck
 
+    # Odd rows (scalar path), 16-byte rows (vector path), many tiles (split path), empty.
+    cases = [((5, 7), (3, 2, 3)), ((4, 64), (2, 3)), ((64,), (300, 1)), ((0, 3), (2, 2)), ((3,), (0,))]
+
     def forward(dtype):
         def run(device):
-            x = torch.randn(5, 7, device=device).to(dtype)
-            assert torch.equal(repeat(x, (3, 2, 3)), x.repeat(3, 2, 3)), "repeat != Tensor.repeat"
+            for shape, reps in cases:
+                x = torch.randn(shape, device=device).to(dtype)
+                assert torch.equal(repeat(x, reps), x.repeat(*reps)), f"repeat != Tensor.repeat at {shape} x {reps}"
 
         return run
 
     def backward(dtype):
         def run(device):
-            g = torch.randn(3, 10, 21, device=device, dtype=dtype)
-            ours = torch.ops.baracuda.repeat_backward(g, [3, 2, 3], [5, 7])
-            ref = _reference_backward(g.double(), [3, 2, 3], [5, 7])
-            tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1}.get(dtype, 1e-5)
-            torch.testing.assert_close(ours.double(), ref, rtol=tol, atol=tol)
+            for shape, reps in cases:
+                g = torch.randn(_output_shape("repeat", shape, reps), device=device, dtype=dtype)
+                ours = torch.ops.baracuda.repeat_backward(g, list(reps), list(shape))
+                ref = _reference_backward(g.double(), reps, shape)
+                tol = {torch.float16: 3e-2, torch.bfloat16: 2e-1}.get(dtype, 1e-4)
+                torch.testing.assert_close(ours.double(), ref, rtol=tol, atol=tol)
 
         return run
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One device run: build with 16 jobs, the full test suite on the GPU, compute-sanitizer
+# (memcheck, racecheck, initcheck, synccheck) over tools/sanitizer_smoke.py, and the
+# benchmark; logs under $OUT, a short summary table last.
+#
+#   STAGES="build test sanitize bench" ONLY=<family filter> BENCH_ARGS="--full" bash tools/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/baracuda_out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"build test sanitize bench"}
+ONLY=${ONLY:-}
+BENCH_ARGS=${BENCH_ARGS:-"--full"}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+declare -A RESULT
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$OUT/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' >> "$OUT/gpu.txt"
+
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if stage build; then
+  start=$(date +%s)
+  python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+  rc=$?
+  RESULT[build]="rc=$rc $(( $(date +%s) - start ))s"
+  if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; fi
+fi
+
+if stage test; then
+  start=$(date +%s)
+  filter=()
+  [ -n "$ONLY" ] && filter=(-k "$ONLY")
+  python3 -m pytest test -q -p no:logging -p no:cacheprovider "${filter[@]}" > "$OUT/tests.log" 2>&1
+  rc=$?
+  RESULT[test]="rc=$rc $(tail -1 "$OUT/tests.log") $(( $(date +%s) - start ))s"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
+fi
+
+if stage sanitize; then
+  for tool in memcheck racecheck initcheck synccheck; do
+    start=$(date +%s)
+    extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check no)
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" "${extra[@]}" --kernel-name kns=baracuda \
+      --error-exitcode 97 python3 tools/sanitizer_smoke.py $ONLY > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    RESULT[$tool]="rc=$rc $(grep -E 'ERROR SUMMARY|sanitizer smoke' "$OUT/sanitizer_$tool.log" | tr '\n' ' ') $(( $(date +%s) - start ))s"
+  done
+fi
+
+if stage bench; then
+  start=$(date +%s)
+  only_arg=()
+  [ -n "$ONLY" ] && only_arg=(--only "$ONLY")
+  python3 -m baracuda_ops --device cuda $BENCH_ARGS "${only_arg[@]}" --json "$OUT/bench.json" --plot "$OUT/bench.png" \
+    > "$OUT/bench.log" 2>"$OUT/bench.err"
+  rc=$?
+  RESULT[bench]="rc=$rc $(( $(date +%s) - start ))s"
+  sed -n '/^copy bandwidth/,$p' "$OUT/bench.log"
+  grep -E "FAIL" "$OUT/bench.log" | head
+fi
+
+echo
+echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1)) =="
+printf '%-10s | %s\n' stage result
+for k in build test memcheck racecheck initcheck synccheck bench; do
+  [ -n "${RESULT[$k]:-}" ] && printf '%-10s | %s\n' "$k" "${RESULT[$k]}"
+done
