@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nbenchmark:")
         copy_gbps, results = bench.run_benchmarks(device, full=args.full, peers=not args.no_peers, only=args.only,
                                                   progress=_progress)
-        print(bench.format_table(copy_gbps, results))
+        print(bench.format_table(copy_gbps, results, cuda=device.type == "cuda"))
         if args.json:
             bench.write_json(args.json, device, copy_gbps, results)
         if args.plot:

@@ -123,6 +123,8 @@ class Plan:
         self.desc = desc
         self.pref = pref
         device = torch.device(desc.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self._device = device
         self._variant, self._workspace_bytes = kernel_choice(self.op, device, problem, desc.dtype)
         if pref.max_workspace_bytes is not None and self._workspace_bytes > pref.max_workspace_bytes:

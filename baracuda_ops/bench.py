@@ -55,6 +55,7 @@ class BenchResult:
     ms: float
     gbps: float
     fraction_of_copy: float
+    graph: bool  # timed by CUDA-graph replay (GPU time); False: events around each call (host overhead included)
 
 
 def families() -> list[Any]:
@@ -68,34 +69,62 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn: Callable, input_sets: Sequence[tuple], device: torch.device, min_runs: int = 20, budget_s: float = 0.5) -> float:
-    """Median milliseconds of fn(*inputs), rotating through input_sets."""
+def _events_ms(fn: Callable, input_sets: Sequence[tuple], runs: int) -> list[float]:
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(*input_sets[i % len(input_sets)])
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def _graph_ms(fn: Callable, input_sets: Sequence[tuple], calls: int, replays: int) -> list[float]:
+    """Per-call GPU time from replays of a CUDA graph of `calls` back-to-back calls,
+    so host-side overhead (Python, dispatch) does not leave the GPU idle between them."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(*input_sets[i % len(input_sets)])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*input_sets[i % len(input_sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    return [t / calls for t in _events_ms(lambda: graph.replay(), [()], replays)]
+
+
+def time_ms(fn: Callable, input_sets: Sequence[tuple], device: torch.device, budget_s: float = 0.3) -> tuple[float, bool]:
+    """(median milliseconds per call of fn(*inputs) rotating through input_sets, whether a CUDA graph was used).
+
+    On CUDA the calls are captured in a graph and timed by replay with CUDA events;
+    implementations that cannot be captured (e.g. an autograd backward on another
+    stream) fall back to CUDA events around each call."""
     for i in range(3):
         fn(*input_sets[i % len(input_sets)])
     _sync(device)
-    # Estimate one run to size the number of repetitions within the budget.
     t0 = time.perf_counter()
     fn(*input_sets[0])
     _sync(device)
     one = max(time.perf_counter() - t0, 1e-6)
-    runs = int(min(max(min_runs, budget_s / one), 2000))
-    times = []
+    runs = int(min(max(20, budget_s / one), 2000))
     if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
-        for i, (start, end) in enumerate(events):
-            args = input_sets[i % len(input_sets)]
-            start.record()
-            fn(*args)
-            end.record()
-        torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) for s, e in events]
-    else:
-        for i in range(runs):
-            args = input_sets[i % len(input_sets)]
-            t0 = time.perf_counter()
-            fn(*args)
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        calls = max(len(input_sets), min(64, runs // 4) // len(input_sets) * len(input_sets))
+        try:
+            return statistics.median(_graph_ms(fn, input_sets, calls, replays=max(5, runs // calls))), True
+        except Exception:
+            torch.cuda.synchronize()
+            return statistics.median(_events_ms(fn, input_sets, runs)), False
+    times = []
+    for i in range(runs):
+        args = input_sets[i % len(input_sets)]
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), False
 
 
 def copy_bandwidth_gbps(device: torch.device) -> float:
@@ -104,7 +133,7 @@ def copy_bandwidth_gbps(device: torch.device) -> float:
     src = [torch.empty(n, dtype=torch.uint8, device=device).random_() for _ in range(2)]
     dst = [torch.empty_like(s) for s in src]
     sets = [(d, s) for d, s in zip(dst, src)]
-    ms = time_ms(lambda d, s: d.copy_(s), sets, device)
+    ms, _ = time_ms(lambda d, s: d.copy_(s), sets, device)
     return 2 * n / (ms * 1e-3) / 1e9
 
 
@@ -134,12 +163,12 @@ def run_benchmarks(device: torch.device, full: bool = False, peers: bool = True,
                 impls["torch.compile"] = torch.compile(case.compile_peer)
         for impl, fn in impls.items():
             try:
-                ms = time_ms(fn, sets, device)
+                ms, graph = time_ms(fn, sets, device)
             except Exception as e:  # a peer that cannot run this case is reported, not fatal
                 print(f"  [{impl}] {case.name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                 continue
             gbps = case.nbytes / (ms * 1e-3) / 1e9
-            results.append(BenchResult(case.family, case.name, impl, ms, gbps, gbps / copy_gbps))
+            results.append(BenchResult(case.family, case.name, impl, ms, gbps, gbps / copy_gbps, graph))
         del sets
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -148,21 +177,23 @@ def run_benchmarks(device: torch.device, full: bool = False, peers: bool = True,
     return copy_gbps, results
 
 
-def format_table(copy_gbps: float, results: list[BenchResult]) -> str:
+def format_table(copy_gbps: float, results: list[BenchResult], cuda: bool = True) -> str:
     """Markdown table: one row per case, our time and fraction, and our speed-up over each peer."""
     by_case: dict[tuple[str, str], dict[str, BenchResult]] = {}
     for r in results:
         by_case.setdefault((r.family, r.name), {})[r.impl] = r
     peer_names = sorted({r.impl for r in results if r.impl != "baracuda"})
     head = ["case", "baracuda ms", "GB/s", "of copy"] + [f"{p} ms" for p in peer_names] + [f"× {p}" for p in peer_names]
-    lines = [f"copy bandwidth: {copy_gbps:.0f} GB/s (read + write)", "", "| " + " | ".join(head) + " |",
+    lines = [f"copy bandwidth: {copy_gbps:.0f} GB/s (read + write); * = timed without a CUDA graph (host overhead included)",
+             "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)]
     for (family, name), impls in by_case.items():
         ours = impls.get("baracuda")
         if ours is None:
             continue
-        row = [name, f"{ours.ms:.4f}", f"{ours.gbps:.0f}", f"{ours.fraction_of_copy:.2f}"]
-        row += [f"{impls[p].ms:.4f}" if p in impls else "—" for p in peer_names]
+        mark = lambda r: "*" if cuda and not r.graph else ""
+        row = [name, f"{ours.ms:.4f}{mark(ours)}", f"{ours.gbps:.0f}", f"{ours.fraction_of_copy:.2f}"]
+        row += [f"{impls[p].ms:.4f}{mark(impls[p])}" if p in impls else "—" for p in peer_names]
         row += [f"{impls[p].ms / ours.ms:.2f}" if p in impls else "—" for p in peer_names]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -11,12 +11,15 @@ mkdir -p "$OUT"
 STAGES=${STAGES:-"build test sanitize bench"}
 ONLY=${ONLY:-}
 BENCH_ARGS=${BENCH_ARGS:-"--full"}
+# At most 8 files come back from $OUT: gpu.txt, build.log, tests.log, sanitizer.log,
+# bench.log, bench.json, bench.png.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 declare -A RESULT
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site
+    > /tmp/wheels.log 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' >> "$OUT/gpu.txt"
@@ -35,7 +38,7 @@ if stage test; then
   start=$(date +%s)
   filter=()
   [ -n "$ONLY" ] && filter=(-k "$ONLY")
-  python3 -m pytest test -q -p no:logging -p no:cacheprovider "${filter[@]}" > "$OUT/tests.log" 2>&1
+  python3 -m pytest test -q -rfE -p no:logging -p no:cacheprovider "${filter[@]}" > "$OUT/tests.log" 2>&1
   rc=$?
   RESULT[test]="rc=$rc $(tail -1 "$OUT/tests.log") $(( $(date +%s) - start ))s"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
@@ -47,9 +50,10 @@ if stage sanitize; then
     extra=()
     [ "$tool" = memcheck ] && extra=(--leak-check no)
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" "${extra[@]}" --kernel-name kns=baracuda \
-      --error-exitcode 97 python3 tools/sanitizer_smoke.py $ONLY > "$OUT/sanitizer_$tool.log" 2>&1
+      --error-exitcode 97 python3 tools/sanitizer_smoke.py $ONLY > /tmp/sanitizer_$tool.log 2>&1
     rc=$?
-    RESULT[$tool]="rc=$rc $(grep -E 'ERROR SUMMARY|sanitizer smoke' "$OUT/sanitizer_$tool.log" | tr '\n' ' ') $(( $(date +%s) - start ))s"
+    { echo "=== $tool rc=$rc"; cat /tmp/sanitizer_$tool.log; } >> "$OUT/sanitizer.log"
+    RESULT[$tool]="rc=$rc $(grep -E 'ERROR SUMMARY|sanitizer smoke' /tmp/sanitizer_$tool.log | tr '\n' ' ') $(( $(date +%s) - start ))s"
   done
 fi
 
@@ -58,7 +62,7 @@ if stage bench; then
   only_arg=()
   [ -n "$ONLY" ] && only_arg=(--only "$ONLY")
   python3 -m baracuda_ops --device cuda $BENCH_ARGS "${only_arg[@]}" --json "$OUT/bench.json" --plot "$OUT/bench.png" \
-    > "$OUT/bench.log" 2>"$OUT/bench.err"
+    > "$OUT/bench.log" 2>/tmp/bench.err
   rc=$?
   RESULT[bench]="rc=$rc $(( $(date +%s) - start ))s"
   sed -n '/^copy bandwidth/,$p' "$OUT/bench.log"

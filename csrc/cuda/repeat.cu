@@ -1,4 +1,12 @@
 // repeat family, CUDA kernels.
+//
+// Both directions walk the same geometry (baracuda/repeat.h): input element c
+// appears in tile k of the output at
+//   base(c) + offset(k),  base(c) = sum_d c_d * out_stride_d,  offset(k) = sum_d k_d * s_d * out_stride_d,
+// with c_d the digits of c over the input extents s_d and k_d the digits of k
+// over the repeat counts r_d. A thread owns V consecutive input elements (one
+// 16-byte vector when the innermost run allows) and a contiguous range of
+// tiles, which it visits in order with an odometer (no division per tile).
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/empty.h>
@@ -23,92 +31,239 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
+constexpr int kTileLanes = 8;  // backward: warps of a block that share one vector range, splitting its tiles
 
 // ---------------------------------------------------------------------------
-// Choice of kernel: a pure function of the problem, used by the launchers and
-// by the Plan API (through the variant registry).
+// Choice of kernel: a pure function of the problem (and the GPU's SM count),
+// used by the launchers and by the Plan API through the variant registry.
+
+enum class RepeatKernel { kGather, kBroadcast };
 
 struct RepeatChoice {
-  int vec_bytes;        // bytes per access: 16 when the innermost input run allows it
-  bool index32;         // 32-bit index math (fast division) when the output fits
-  int64_t splits = 1;   // backward: tile-range splits reduced by a second, ordered pass
+  RepeatKernel kernel = RepeatKernel::kBroadcast;
+  int vec_bytes = 16;           // bytes per access: 16 when the innermost input run is a multiple of 16 bytes
+  bool index32 = true;          // 32-bit index math (fast division) when the output has < 2^31 elements
+  int tile_lanes = 1;           // backward: warps per block splitting one vector range's tiles
+  int64_t splits = 1;           // grid.y: tile ranges; backward sums them in a second, ordered pass
   int64_t tiles_per_split = 1;
 };
 
-RepeatChoice choose_repeat(const TiledLayout& t, int64_t elem_bytes) {
-  const int64_t s_last = t.size[t.ndim - 1];
-  const bool vec = elem_bytes < 16 && (s_last * elem_bytes) % 16 == 0;
-  return {vec ? 16 : static_cast<int>(elem_bytes), t.output_numel() < (int64_t(1) << 31)};
-}
+int64_t threads_for_two_waves() { return 2 * int64_t(cuda::num_sms()) * 2048; }
 
-RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
-  RepeatChoice c = choose_repeat(t, elem_bytes);
-  const int64_t vectors = t.input_numel() / (c.vec_bytes / elem_bytes);
-  const int64_t tiles = t.tiles();
-  if (tiles == 0 || vectors == 0) return c;
-  // Enough threads for about two waves of the whole GPU; each split sums at
-  // least 8 tiles so the partials stay small next to the grad it reads.
-  const int64_t want = 2 * int64_t(cuda::num_sms()) * 2048;
-  int64_t splits = std::min<int64_t>(ceil_div<int64_t>(want, std::max<int64_t>(vectors, 1)), ceil_div<int64_t>(tiles, 8));
-  splits = std::clamp<int64_t>(splits, 1, 65535);  // splits run on grid.y
-  c.tiles_per_split = ceil_div(tiles, splits);
-  c.splits = ceil_div(tiles, c.tiles_per_split);
+RepeatChoice choose_common(const TiledLayout& t, int64_t elem_bytes) {
+  RepeatChoice c;
+  const int64_t s_last = t.size[t.ndim - 1];
+  c.vec_bytes = elem_bytes < 16 && (s_last * elem_bytes) % 16 == 0 ? 16 : static_cast<int>(elem_bytes);
+  c.index32 = t.output_numel() < (int64_t(1) << 31);
+  c.tiles_per_split = std::max<int64_t>(t.tiles(), 1);
   return c;
 }
 
+// Split the tiles when the vectors alone cannot fill two waves of the GPU.
+void choose_splits(RepeatChoice& c, int64_t threads_per_split, int64_t tiles, int64_t min_tiles_per_split) {
+  const int64_t want = threads_for_two_waves();
+  if (tiles == 0 || threads_per_split == 0 || 2 * threads_per_split >= want) return;
+  int64_t splits = ceil_div(want, threads_per_split);
+  splits = std::clamp<int64_t>(std::min(splits, tiles / min_tiles_per_split), 1, 65535);
+  c.tiles_per_split = ceil_div(tiles, splits);
+  c.splits = ceil_div(tiles, c.tiles_per_split);
+}
+
+// Forward: rows of at least 128 bytes are broadcast (each input vector is read
+// once and stored into every tile: coalesced stores, the input read once);
+// narrower rows are gathered (each output vector finds its source: coalesced
+// stores where a broadcast warp would scatter).
+RepeatChoice choose_repeat(const TiledLayout& t, int64_t elem_bytes) {
+  RepeatChoice c = choose_common(t, elem_bytes);
+  if (t.size[t.ndim - 1] * elem_bytes < 128) {
+    c.kernel = RepeatKernel::kGather;
+    return c;
+  }
+  choose_splits(c, t.input_numel() / (c.vec_bytes / elem_bytes), t.tiles(), 1);
+  return c;
+}
+
+RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
+  RepeatChoice c = choose_common(t, elem_bytes);
+  const int64_t vectors = t.input_numel() / (c.vec_bytes / elem_bytes);
+  // Few vectors and many tiles (a bias-like sum): 8 warps share each vector range.
+  c.tile_lanes = (2 * vectors < threads_for_two_waves() && t.tiles() >= 8 * kTileLanes) ? kTileLanes : 1;
+  choose_splits(c, vectors * c.tile_lanes, t.tiles(), 8 * c.tile_lanes);
+  return c;
+}
+
+std::string index_name(const RepeatChoice& c) {
+  return std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64");
+}
+
 std::string repeat_variant(const RepeatChoice& c) {
-  return "tile_copy<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") + ">";
+  if (c.kernel == RepeatKernel::kGather) return "tile_gather<" + index_name(c) + ">";
+  return "tile_broadcast<" + index_name(c) + ",splits=" + std::to_string(c.splits) + ">";
 }
 
 std::string repeat_backward_variant(const RepeatChoice& c) {
-  std::string v = "tile_sum<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") + ">";
+  std::string v = "tile_sum<" + index_name(c) + ",lanes=" + std::to_string(c.tile_lanes) + ">";
   return c.splits == 1 ? v : v + "+split" + std::to_string(c.splits) + "_ordered_combine";
 }
 
 // ---------------------------------------------------------------------------
-// Forward: y[q] = x[sum_d ((q_d mod (s_d r_d)) mod s_d) * in_stride_d], where q_d
-// are the digits of output index q over the output extents s_d * r_d. Each
-// thread moves whole vectors; a vector never straddles an input run because
-// s_last is a multiple of the vector length.
+// Geometry on the device.
 
+// Loops over dims are unrolled over kMaxTileDims with an `if (d < ndim)` guard
+// so every array index is a compile-time constant (registers and kernel
+// parameters, never local memory).
 template <typename IndexT>
-struct TileIndexer {
+struct TileWalker {
   int ndim;
-  IntDivider<IndexT> out_extent[kMaxTileDims];  // s_d * r_d
   IntDivider<IndexT> in_extent[kMaxTileDims];   // s_d
+  IntDivider<IndexT> out_extent[kMaxTileDims];  // s_d * r_d
   IndexT in_stride[kMaxTileDims];               // input elements per step of dim d
+  IndexT out_stride[kMaxTileDims];              // output elements per step of dim d
+  IndexT step[kMaxTileDims];                    // s_d * out_stride_d: one tile further along d
+  IndexT repeat[kMaxTileDims];
+  IndexT last_step, last_repeat;                // step and repeat of the innermost dim
 
-  explicit TileIndexer(const TiledLayout& t) : ndim(t.ndim) {
-    int64_t stride = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      out_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(t.size[d] * t.repeat[d]));
-      in_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(t.size[d], 1)));
-      in_stride[d] = static_cast<IndexT>(stride);
-      stride *= t.size[d];
+  explicit TileWalker(const TiledLayout& t) : ndim(t.ndim) {
+    int64_t in = 1, out = 1;
+    for (int d = kMaxTileDims - 1; d >= 0; --d) {
+      const bool used = d < t.ndim;
+      const int64_t s = used ? t.size[d] : 1, r = used ? t.repeat[d] : 1;
+      in_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(s, 1)));
+      out_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(s * r, 1)));
+      in_stride[d] = static_cast<IndexT>(in);
+      out_stride[d] = static_cast<IndexT>(out);
+      step[d] = static_cast<IndexT>(s * out);
+      repeat[d] = static_cast<IndexT>(r);
+      if (used) {
+        in *= s;
+        out *= s * r;
+      }
     }
+    last_step = step[t.ndim - 1];
+    last_repeat = repeat[t.ndim - 1];
   }
 
-  __device__ __forceinline__ IndexT input_offset(IndexT out_index) const {
+  // Output offset of input element c in tile 0.
+  __device__ __forceinline__ IndexT base(IndexT c) const {
+    IndexT b = 0;
+#pragma unroll
+    for (int d = kMaxTileDims - 1; d >= 0; --d) {
+      if (d < ndim) {
+        const auto q = in_extent[d].divmod(c);
+        c = q.div;
+        b += q.mod * out_stride[d];
+      }
+    }
+    return b;
+  }
+
+  // Input offset of output element q: sum_d ((q_d mod (s_d r_d)) mod s_d) * in_stride_d.
+  __device__ __forceinline__ IndexT source(IndexT q) const {
     IndexT src = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      const auto q = out_extent[d].divmod(out_index);
-      out_index = q.div;
-      src += in_extent[d].divmod(q.mod).mod * in_stride[d];
+#pragma unroll
+    for (int d = kMaxTileDims - 1; d >= 0; --d) {
+      if (d < ndim) {
+        const auto o = out_extent[d].divmod(q);
+        q = o.div;
+        src += in_extent[d].divmod(o.mod).mod * in_stride[d];
+      }
     }
     return src;
   }
 };
 
+// Visits tiles k, k+1, ... in row-major order over the repeat grid, keeping
+// offset(k). The innermost digit changes every step; outer digits only when it
+// wraps.
+template <typename IndexT>
+struct TileOdometer {
+  IndexT digit[kMaxTileDims];  // digit[ndim - 1] unused: last_digit holds it
+  IndexT last_digit = 0;
+  IndexT offset = 0;
+
+  __device__ __forceinline__ TileOdometer(const TileWalker<IndexT>& w, IndexT k) {
+#pragma unroll
+    for (int d = kMaxTileDims - 1; d >= 0; --d) {
+      digit[d] = 0;
+      if (d < w.ndim) {
+        digit[d] = k % w.repeat[d];
+        k /= w.repeat[d];
+        offset += digit[d] * w.step[d];
+      }
+    }
+    last_digit = k_last(w);
+  }
+
+  __device__ __forceinline__ void advance(const TileWalker<IndexT>& w) {
+    offset += w.last_step;
+    if (++last_digit < w.last_repeat) return;
+    offset -= w.last_step * w.last_repeat;
+    last_digit = 0;
+    bool carry = true;
+#pragma unroll
+    for (int d = kMaxTileDims - 1; d >= 0; --d) {
+      if (carry && d < w.ndim - 1) {
+        offset += w.step[d];
+        carry = ++digit[d] == w.repeat[d];
+        if (carry) {
+          offset -= w.step[d] * w.repeat[d];
+          digit[d] = 0;
+        }
+      }
+    }
+  }
+
+ private:
+  __device__ __forceinline__ IndexT k_last(const TileWalker<IndexT>& w) const {
+    IndexT v = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxTileDims; ++d) {
+      if (d == w.ndim - 1) v = digit[d];
+    }
+    return v;
+  }
+};
+
+template <typename IndexT>
+__device__ __forceinline__ IndexT min_index(IndexT a, IndexT b) {
+  return a < b ? a : b;
+}
+
+// ---------------------------------------------------------------------------
+// Forward kernels: y[base(c) + offset(k)] = x[c] for every tile k.
+
+// Broadcast: thread (vector c, split s) reads x[c..c+V) once and stores it into
+// tiles [s * tiles_per_split, (s + 1) * tiles_per_split).
 template <typename W, int V, typename IndexT>
-__global__ void __launch_bounds__(kThreads) repeat_copy_kernel(const W* __restrict__ x, W* __restrict__ y,
-                                                               TileIndexer<IndexT> ix, IndexT num_vectors) {
+__global__ void __launch_bounds__(kThreads)
+    repeat_broadcast_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT> w, IndexT num_vectors,
+                            IndexT tiles, IndexT tiles_per_split) {
+  const IndexT vec = IndexT(blockIdx.x) * kThreads + threadIdx.x;
+  if (vec >= num_vectors) return;
+  const IndexT c = vec * V;
+  const IndexT k_begin = IndexT(blockIdx.y) * tiles_per_split;
+  const IndexT k_end = min_index(tiles, k_begin + tiles_per_split);
+  const auto v = cuda::load_vec<W, V>(x + c);
+  W* out = y + w.base(c);
+  TileOdometer<IndexT> odo(w, k_begin);
+  for (IndexT k = k_begin; k < k_end; ++k) {
+    cuda::store_vec<W, V>(out + odo.offset, v);
+    odo.advance(w);
+  }
+}
+
+// Gather: each thread writes whole output vectors, y[q] = x[source(q)]; a
+// vector never straddles an input run because s_last is a multiple of V.
+template <typename W, int V, typename IndexT>
+__global__ void __launch_bounds__(kThreads)
+    repeat_gather_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT> w, IndexT num_vectors) {
   const IndexT stride = IndexT(gridDim.x) * kThreads;
   for (IndexT first = IndexT(blockIdx.x) * kThreads + threadIdx.x; first < num_vectors; first += stride * kUnroll) {
     cuda::Vec<W, V> v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const IndexT q = first + u * stride;
-      if (q < num_vectors) v[u] = cuda::load_vec<W, V>(x + ix.input_offset(q * V));
+      if (q < num_vectors) v[u] = cuda::load_vec<W, V>(x + w.source(q * V));
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -118,32 +273,36 @@ __global__ void __launch_bounds__(kThreads) repeat_copy_kernel(const W* __restri
   }
 }
 
-template <typename W, typename IndexT>
-void launch_repeat_copy(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatChoice& c) {
-  const int v = c.vec_bytes / int(sizeof(W));
-  const IndexT num_vectors = static_cast<IndexT>(t.output_numel() / v);
-  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(num_vectors, kThreads * kUnroll),
-                                           int64_t(cuda::num_sms()) * (2048 / kThreads) * 4);
+template <typename W, int V, typename IndexT>
+void launch_repeat(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatChoice& c) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto* src = static_cast<const W*>(x.const_data_ptr());
   auto* dst = static_cast<W*>(out.mutable_data_ptr());
-  if (v == 1) {
-    repeat_copy_kernel<W, 1, IndexT><<<blocks, kThreads, 0, stream>>>(src, dst, TileIndexer<IndexT>(t), num_vectors);
+  const TileWalker<IndexT> walker(t);
+  if (c.kernel == RepeatKernel::kBroadcast) {
+    const IndexT num_vectors = static_cast<IndexT>(t.input_numel() / V);
+    const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads), c.splits);
+    repeat_broadcast_kernel<W, V, IndexT><<<grid, kThreads, 0, stream>>>(
+        src, dst, walker, num_vectors, static_cast<IndexT>(t.tiles()), static_cast<IndexT>(c.tiles_per_split));
   } else {
-    constexpr int kV = 16 / sizeof(W) > 0 ? 16 / sizeof(W) : 1;
-    repeat_copy_kernel<W, kV, IndexT><<<blocks, kThreads, 0, stream>>>(src, dst, TileIndexer<IndexT>(t), num_vectors);
+    const IndexT num_vectors = static_cast<IndexT>(t.output_numel() / V);
+    const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(num_vectors, kThreads * kUnroll),
+                                             int64_t(cuda::num_sms()) * (2048 / kThreads) * 4);
+    repeat_gather_kernel<W, V, IndexT><<<blocks, kThreads, 0, stream>>>(src, dst, walker, num_vectors);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Elements are moved as opaque words of their size.
 template <typename IndexT>
-void repeat_copy_by_size(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatChoice& c) {
+void launch_repeat_by_size(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatChoice& c) {
+  const bool vec = c.vec_bytes == 16;
   switch (x.element_size()) {
-    case 1: return launch_repeat_copy<uint8_t, IndexT>(x, out, t, c);
-    case 2: return launch_repeat_copy<uint16_t, IndexT>(x, out, t, c);
-    case 4: return launch_repeat_copy<uint32_t, IndexT>(x, out, t, c);
-    case 8: return launch_repeat_copy<uint64_t, IndexT>(x, out, t, c);
-    case 16: return launch_repeat_copy<uint4, IndexT>(x, out, t, c);
+    case 1: return vec ? launch_repeat<uint8_t, 16, IndexT>(x, out, t, c) : launch_repeat<uint8_t, 1, IndexT>(x, out, t, c);
+    case 2: return vec ? launch_repeat<uint16_t, 8, IndexT>(x, out, t, c) : launch_repeat<uint16_t, 1, IndexT>(x, out, t, c);
+    case 4: return vec ? launch_repeat<uint32_t, 4, IndexT>(x, out, t, c) : launch_repeat<uint32_t, 1, IndexT>(x, out, t, c);
+    case 8: return vec ? launch_repeat<uint64_t, 2, IndexT>(x, out, t, c) : launch_repeat<uint64_t, 1, IndexT>(x, out, t, c);
+    case 16: return launch_repeat<uint4, 1, IndexT>(x, out, t, c);
     default: TORCH_CHECK_NOT_IMPLEMENTED(false, kRepeatOp, ": element size ", x.element_size(), " is not supported");
   }
 }
@@ -169,11 +328,7 @@ void repeat_out_cuda(const at::Tensor& self, at::IntArrayRef repeats, const at::
   const auto t = collapse_tiling(kRepeatOp, self.sizes(), repeats);
   const auto c = choose_repeat(t, self.element_size());
   const auto x = aligned_contiguous(self);
-  if (c.index32) {
-    repeat_copy_by_size<uint32_t>(x, out, t, c);
-  } else {
-    repeat_copy_by_size<uint64_t>(x, out, t, c);
-  }
+  c.index32 ? launch_repeat_by_size<uint32_t>(x, out, t, c) : launch_repeat_by_size<uint64_t>(x, out, t, c);
 }
 
 at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
@@ -183,121 +338,99 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 }
 
 // ---------------------------------------------------------------------------
-// Backward: dx[c] = sum_{k in tiles, row-major over the repeat grid} grad[base(c) + offset(k)],
-// base(c) = sum_d c_d * out_stride_d, offset(k) = sum_d k_d * s_d * out_stride_d.
-// One thread owns V consecutive dx elements and one contiguous range of tiles;
-// it walks the tiles in order with an odometer (no division per tile). With one
-// split it writes dx; with several, each writes an acc_t partial and a second
-// kernel adds the partials in split order. No atomics: bit-stable run to run.
+// Backward: dx[c] = sum_{k in tiles, row-major over the repeat grid} grad[base(c) + offset(k)].
+// Block = (TX vector lanes) x (L tile lanes). Thread (tx, l) of split s sums, in
+// order, the l-th contiguous chunk of the split's tile range; the L lane sums are
+// added in lane order through shared memory. With one split the block writes dx,
+// otherwise an acc_t partial per split, which repeat_combine_kernel adds in split
+// order. No atomics: bit-stable run to run.
 
-template <typename IndexT>
-struct TileWalker {
-  int ndim;
-  IntDivider<IndexT> in_extent[kMaxTileDims];  // s_d, to split c into digits
-  IndexT out_stride[kMaxTileDims];             // grad elements per step of output dim d
-  IndexT step[kMaxTileDims];                   // s_d * out_stride_d: one tile further along d
-  IndexT repeat[kMaxTileDims];
-
-  explicit TileWalker(const TiledLayout& t) : ndim(t.ndim) {
-    int64_t stride = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      in_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(t.size[d]));
-      out_stride[d] = static_cast<IndexT>(stride);
-      step[d] = static_cast<IndexT>(t.size[d] * stride);
-      repeat[d] = static_cast<IndexT>(t.repeat[d]);
-      stride *= t.size[d] * t.repeat[d];
-    }
-  }
-};
-
-template <typename T, typename AccT, int V, typename IndexT>
+template <typename T, typename AccT, int V, int L, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     repeat_tile_sum_kernel(const T* __restrict__ grad, T* __restrict__ dx, AccT* __restrict__ partials,
                            TileWalker<IndexT> w, IndexT num_vectors, IndexT tiles, IndexT tiles_per_split) {
-  const IndexT vec = IndexT(blockIdx.x) * kThreads + threadIdx.x;
-  if (vec >= num_vectors) return;
-  const IndexT split = blockIdx.y;
+  constexpr int TX = kThreads / L;
+  const int tx = threadIdx.x % TX, lane = threadIdx.x / TX;
+  const IndexT vec = IndexT(blockIdx.x) * TX + tx;
+  const bool active = vec < num_vectors;
   const IndexT c = vec * V;
 
-  IndexT base = 0, rem = c;
-  for (int d = w.ndim - 1; d >= 0; --d) {
-    const auto q = w.in_extent[d].divmod(rem);
-    rem = q.div;
-    base += q.mod * w.out_stride[d];
-  }
-  const IndexT k_begin = split * tiles_per_split;
-  const IndexT k_end = k_begin + tiles_per_split < tiles ? k_begin + tiles_per_split : tiles;
-
-  // Odometer over the repeat grid, started at k_begin. The innermost digit lives
-  // in a register; outer digits change only on a wrap.
-  IndexT digit[kMaxTileDims];
-  IndexT offset = 0;
-  rem = k_begin;
-  for (int d = w.ndim - 1; d >= 0; --d) {
-    digit[d] = rem % w.repeat[d];
-    rem /= w.repeat[d];
-    offset += digit[d] * w.step[d];
-  }
-  const int last = w.ndim - 1;
-  const IndexT last_step = w.step[last], last_repeat = w.repeat[last];
-  IndexT last_digit = digit[last];
-  auto advance = [&]() {
-    offset += last_step;
-    if (++last_digit < last_repeat) return;
-    offset -= last_step * last_repeat;
-    last_digit = 0;
-    for (int d = last - 1; d >= 0; --d) {
-      offset += w.step[d];
-      if (++digit[d] < w.repeat[d]) return;
-      offset -= w.step[d] * w.repeat[d];
-      digit[d] = 0;
-    }
-  };
+  const IndexT split_begin = IndexT(blockIdx.y) * tiles_per_split;
+  const IndexT split_end = min_index(tiles, split_begin + tiles_per_split);
+  const IndexT per_lane = ceil_div<IndexT>(split_end - split_begin, IndexT(L));
+  const IndexT k_begin = min_index(split_end, split_begin + IndexT(lane) * per_lane);
+  const IndexT k_end = min_index(split_end, k_begin + per_lane);
 
   AccT acc[V];
 #pragma unroll
   for (int i = 0; i < V; ++i) acc[i] = AccT(0);
-  const T* g = grad + base;
-  for (IndexT k = k_begin; k < k_end; k += kUnroll) {
-    cuda::Vec<T, V> v[kUnroll];
+  if (active && k_begin < k_end) {
+    const T* g = grad + w.base(c);
+    TileOdometer<IndexT> odo(w, k_begin);
+    for (IndexT k = k_begin; k < k_end; k += kUnroll) {
+      cuda::Vec<T, V> v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (k + u < k_end) {
-        v[u] = cuda::load_vec<T, V>(g + offset);
-        advance();
+      for (int u = 0; u < kUnroll; ++u) {
+        if (k + u < k_end) {
+          v[u] = cuda::load_vec<T, V>(g + odo.offset);
+          odo.advance(w);
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (k + u < k_end) {
+      for (int u = 0; u < kUnroll; ++u) {
+        if (k + u < k_end) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v[u].v[i]);
+          for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v[u].v[i]);
+        }
       }
     }
   }
 
+  if constexpr (L > 1) {
+    __shared__ AccT lane_sums[L][TX][V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) lane_sums[lane][tx][i] = acc[i];
+    __syncthreads();
+    if (lane != 0) return;
+    for (int l = 1; l < L; ++l) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += lane_sums[l][tx][i];
+    }
+  }
+  if (!active) return;
   if (partials == nullptr) {
     cuda::Vec<T, V> out;
 #pragma unroll
     for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(acc[i]);
     cuda::store_vec<T, V>(dx + c, out);
   } else {
-    AccT* p = partials + split * (num_vectors * V) + c;
+    AccT* p = partials + IndexT(blockIdx.y) * (num_vectors * V) + c;
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = acc[i];
   }
 }
 
-// dx[c] = sum_{s = 0..splits-1} partials[s][c], in split order.
+// dx[c] = sum_{s} partials[s][c] in split order: thread (tx, l) sums the l-th
+// contiguous chunk of splits, then the chunk sums are added in order.
 template <typename T, typename AccT, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     repeat_combine_kernel(const AccT* __restrict__ partials, T* __restrict__ dx, IndexT n, IndexT splits) {
-  const IndexT stride = IndexT(gridDim.x) * kThreads;
-  for (IndexT c = IndexT(blockIdx.x) * kThreads + threadIdx.x; c < n; c += stride) {
-    AccT acc = 0;
-    for (IndexT s = 0; s < splits; ++s) acc += partials[s * n + c];
-    dx[c] = static_cast<T>(acc);
+  constexpr int TX = kThreads / kTileLanes;
+  const int tx = threadIdx.x % TX, lane = threadIdx.x / TX;
+  const IndexT c = IndexT(blockIdx.x) * TX + tx;
+  const IndexT per_lane = ceil_div<IndexT>(splits, IndexT(kTileLanes));
+  const IndexT s_begin = min_index(splits, IndexT(lane) * per_lane);
+  const IndexT s_end = min_index(splits, s_begin + per_lane);
+  AccT acc = 0;
+  if (c < n) {
+    for (IndexT s = s_begin; s < s_end; ++s) acc += partials[s * n + c];
   }
+  __shared__ AccT lane_sums[kTileLanes][TX];
+  lane_sums[lane][tx] = acc;
+  __syncthreads();
+  if (lane != 0 || c >= n) return;
+  for (int l = 1; l < kTileLanes; ++l) acc += lane_sums[l][tx];
+  dx[c] = static_cast<T>(acc);
 }
 
 template <typename T, typename AccT, int V, typename IndexT>
@@ -307,24 +440,32 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
   const IndexT n = static_cast<IndexT>(t.input_numel());
   const IndexT num_vectors = n / V;
   AccT* partials = c.splits > 1 ? reinterpret_cast<AccT*>(workspace.mutable_data_ptr()) : nullptr;
-  const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads), c.splits);
-  repeat_tile_sum_kernel<T, AccT, V, IndexT><<<grid, kThreads, 0, stream>>>(
-      grad.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partials, TileWalker<IndexT>(t),
-      num_vectors, static_cast<IndexT>(t.tiles()), static_cast<IndexT>(c.tiles_per_split));
+  const TileWalker<IndexT> walker(t);
+  const auto tiles = static_cast<IndexT>(t.tiles());
+  const auto per_split = static_cast<IndexT>(c.tiles_per_split);
+  const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads / c.tile_lanes), c.splits);
+  if (c.tile_lanes == kTileLanes) {
+    repeat_tile_sum_kernel<T, AccT, V, kTileLanes, IndexT><<<grid, kThreads, 0, stream>>>(
+        grad.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partials, walker, num_vectors, tiles, per_split);
+  } else {
+    repeat_tile_sum_kernel<T, AccT, V, 1, IndexT><<<grid, kThreads, 0, stream>>>(
+        grad.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partials, walker, num_vectors, tiles, per_split);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (partials != nullptr) {
-    const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(n, kThreads), int64_t(cuda::num_sms()) * 8);
+    const int64_t blocks = ceil_div<int64_t>(n, kThreads / kTileLanes);
     repeat_combine_kernel<T, AccT, IndexT><<<blocks, kThreads, 0, stream>>>(partials, dx.mutable_data_ptr<T>(), n,
                                                                           static_cast<IndexT>(c.splits));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
-int64_t repeat_backward_workspace_bytes(const TiledLayout& t, const RepeatChoice& c, int64_t acc_bytes) {
-  return c.splits > 1 ? c.splits * t.input_numel() * acc_bytes : 0;
-}
-
 int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
+
+int64_t repeat_backward_workspace_bytes(const TiledLayout& t, const RepeatChoice& c, c10::ScalarType dtype) {
+  const bool empty = t.input_numel() == 0 || t.tiles() == 0;
+  return c.splits > 1 && !empty ? c.splits * t.input_numel() * acc_bytes_of(dtype) : 0;
+}
 
 void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, at::IntArrayRef input_shape,
                               const at::Tensor& grad_input, const at::Tensor& workspace) {
@@ -339,7 +480,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
   }
   const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
   const auto c = choose_repeat_backward(t, grad.element_size());
-  const int64_t need = repeat_backward_workspace_bytes(t, c, acc_bytes_of(grad.scalar_type()));
+  const int64_t need = repeat_backward_workspace_bytes(t, c, grad.scalar_type());
   if (need > 0) {
     check_same_device(kRepeatBackwardOp, "grad", grad, "workspace", workspace);
     TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
@@ -364,13 +505,10 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
 at::Tensor repeat_backward_cuda(const at::Tensor& grad, at::IntArrayRef repeats, at::IntArrayRef input_shape) {
   check_repeat_backward(grad, repeats, input_shape);
   auto grad_input = at::empty(input_shape, grad.options());
-  int64_t need = 0;
-  if (grad.numel() > 0 && grad_input.numel() > 0) {
-    const c10::cuda::CUDAGuard guard(grad.device());
-    const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
-    need = repeat_backward_workspace_bytes(t, choose_repeat_backward(t, grad.element_size()),
-                                           acc_bytes_of(grad.scalar_type()));
-  }
+  const c10::cuda::CUDAGuard guard(grad.device());
+  const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
+  const int64_t need =
+      repeat_backward_workspace_bytes(t, choose_repeat_backward(t, grad.element_size()), grad.scalar_type());
   const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
   repeat_backward_out_cuda(grad, repeats, input_shape, grad_input, workspace);
   return grad_input;
@@ -379,7 +517,7 @@ at::Tensor repeat_backward_cuda(const at::Tensor& grad, at::IntArrayRef repeats,
 // problem = [input dims, *input_shape, *repeats]
 TiledLayout layout_of_problem(const char* op, c10::IntArrayRef problem) {
   TORCH_CHECK_VALUE(!problem.empty() && problem[0] >= 0 && int64_t(problem.size()) >= 1 + problem[0], op,
-                    ": malformed problem ", problem);
+                    ": malformed problem ", shape_str(problem));
   const auto input_shape = problem.slice(1, problem[0]);
   const auto repeats = problem.slice(1 + problem[0]);
   repeat_output_shape(op, input_shape, repeats);
@@ -394,8 +532,7 @@ KernelChoice repeat_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
 KernelChoice repeat_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   const auto t = layout_of_problem(kRepeatBackwardOp, problem);
   const auto c = choose_repeat_backward(t, c10::elementSize(dtype));
-  const bool empty = t.input_numel() == 0 || t.tiles() == 0;
-  return {repeat_backward_variant(c), empty ? 0 : repeat_backward_workspace_bytes(t, c, acc_bytes_of(dtype))};
+  return {repeat_backward_variant(c), repeat_backward_workspace_bytes(t, c, dtype)};
 }
 
 BARACUDA_REGISTER_VARIANT("repeat", c10::DeviceType::CUDA, repeat_choice);

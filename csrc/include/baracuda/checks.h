@@ -7,7 +7,20 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace baracuda {
+
+// "[8, 64]". Use this, not `<< IntArrayRef`, in error messages: streaming an
+// ArrayRef into c10::str crashed (segfault) with the torch 2.11 build on the GPU machine.
+inline std::string shape_str(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
 
 inline bool is_float_type(c10::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble;
@@ -32,7 +45,8 @@ inline void check_same_device(const char* op, const char* name_a, const at::Tens
 }
 
 inline void check_shape(const char* op, const char* name, const at::Tensor& t, c10::IntArrayRef expected) {
-  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": ", name, " shape ", t.sizes(), " != expected ", expected);
+  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": ", name, " shape ", shape_str(t.sizes()), " != expected ",
+                    shape_str(expected));
 }
 
 // An out-variant's output: right shape, dtype and device, and no overlap with an input.

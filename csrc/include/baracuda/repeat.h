@@ -20,7 +20,7 @@
 
 namespace baracuda {
 
-constexpr int kMaxTileDims = 16;
+constexpr int kMaxTileDims = 8;
 
 struct TiledLayout {
   int ndim = 0;
@@ -56,8 +56,8 @@ inline TiledLayout collapse_tiling(const char* op, c10::IntArrayRef input_shape,
       continue;
     }
     TORCH_CHECK_NOT_IMPLEMENTED(layout.ndim < kMaxTileDims, op, ": the input and repeats collapse to more than ",
-                                kMaxTileDims, " alternating repeated dims; input shape ", input_shape,
-                                ", repeats ", repeats);
+                                kMaxTileDims, " alternating repeated dims; input shape ", shape_str(input_shape),
+                                ", repeats ", shape_str(repeats));
     layout.size[layout.ndim] = s;
     layout.repeat[layout.ndim] = r;
     ++layout.ndim;
@@ -76,15 +76,15 @@ constexpr const char* kRepeatBackwardOp = "baracuda::repeat_backward";
 // Output shape of Tensor.repeat: len(repeats) >= input dims, repeats >= 0.
 inline std::vector<int64_t> repeat_output_shape(const char* op, c10::IntArrayRef input_shape,
                                                 c10::IntArrayRef repeats) {
-  TORCH_CHECK_VALUE(repeats.size() >= input_shape.size(), op, ": repeats ", repeats, " has ", repeats.size(),
+  TORCH_CHECK_VALUE(repeats.size() >= input_shape.size(), op, ": repeats ", shape_str(repeats), " has ", repeats.size(),
                     " entries but the input has ", input_shape.size(), " dims; expected at least ",
                     input_shape.size());
   const size_t pad = repeats.size() - input_shape.size();
   std::vector<int64_t> out(repeats.size());
   for (size_t d = 0; d < repeats.size(); ++d) {
-    TORCH_CHECK_VALUE(repeats[d] >= 0, op, ": repeats must be >= 0, got ", repeats);
+    TORCH_CHECK_VALUE(repeats[d] >= 0, op, ": repeats must be >= 0, got ", shape_str(repeats));
     const int64_t s = d < pad ? 1 : input_shape[d - pad];
-    TORCH_CHECK_VALUE(s >= 0, op, ": input_shape must be >= 0, got ", input_shape);
+    TORCH_CHECK_VALUE(s >= 0, op, ": input_shape must be >= 0, got ", shape_str(input_shape));
     out[d] = s * repeats[d];
   }
   return out;
@@ -94,9 +94,9 @@ inline std::vector<int64_t> repeat_output_shape(const char* op, c10::IntArrayRef
 inline void check_repeat_backward(const at::Tensor& grad, c10::IntArrayRef repeats, c10::IntArrayRef input_shape) {
   check_floating(kRepeatBackwardOp, "grad", grad);
   const auto expected = repeat_output_shape(kRepeatBackwardOp, input_shape, repeats);
-  TORCH_CHECK_VALUE(grad.sizes() == c10::IntArrayRef(expected), kRepeatBackwardOp, ": grad shape ", grad.sizes(),
-                    " != expected ", c10::IntArrayRef(expected), " (input_shape ", input_shape, " repeated ",
-                    repeats, ")");
+  TORCH_CHECK_VALUE(grad.sizes() == c10::IntArrayRef(expected), kRepeatBackwardOp, ": grad shape ",
+                    shape_str(grad.sizes()), " != expected ", shape_str(expected), " (input_shape ",
+                    shape_str(input_shape), " repeated ", shape_str(repeats), ")");
 }
 
 }  // namespace baracuda
