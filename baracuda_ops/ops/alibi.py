@@ -355,12 +355,13 @@ def benchmarks(device: torch.device, full: bool):
     shapes = [(8, 32, 1024, 1024), (2, 32, 4096, 4096), (1, 64, 2048, 2048), (64, 16, 1, 4096)]
     if not full:
         shapes = [shapes[0], shapes[-1]]
+    dtypes = (torch.bfloat16, torch.float32)
     if device.type == "cpu":  # keep the CPU run short
-        shapes = [(2, 8, 256, 256), (16, 8, 1, 1024)]
+        shapes, dtypes = [(2, 8, 256, 256), (16, 8, 1, 1024)], (torch.float32,)
     cases = []
     for shape in shapes:
         b, h, q, k = shape
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype in dtypes:
             numel = math.prod(shape)
             size = torch.tensor([], dtype=dtype).element_size()
             tag = f"{list(shape)} {str(dtype).replace('torch.', '')}"
