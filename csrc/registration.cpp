@@ -56,7 +56,13 @@ TORCH_LIBRARY(baracuda, m) {
   // (fractional_max_pool schemas end)
 
   // alibi
-
+  m.def("alibi(Tensor scores, Tensor slopes) -> Tensor");
+  m.def("alibi.out(Tensor scores, Tensor slopes, *, Tensor(a!) out) -> ()");
+  m.def("alibi_(Tensor(a!) scores, Tensor slopes) -> Tensor(a!)", {at::Tag::inplace});
+  m.def("alibi_backward(Tensor grad, Tensor slopes, bool[2] output_mask) -> (Tensor grad_scores, Tensor grad_slopes)");
+  m.def(
+      "alibi_backward.out(Tensor grad, Tensor slopes, bool[2] output_mask, *, Tensor(a!) grad_scores, "
+      "Tensor(b!) grad_slopes, Tensor(c!) workspace) -> ()");
   // (alibi schemas end)
 }
 

@@ -1,0 +1,397 @@
+"""alibi family: the ALiBi attention bias (Press et al., "Train Short, Test Long").
+
+``alibi(scores, slopes)[b, h, i, j] = scores[b, h, i, j] + slopes[h] * (j - i)``
+for ``scores`` ``[B, H, Q, K]`` and ``slopes`` ``[H]``. ``i`` is the query index
+in ``[0, Q)`` and ``j`` the key index in ``[0, K)``, used as they are when
+``Q != K`` (the same as ``scores + slopes.view(H, 1, 1) * (j - i)``); a caller
+whose queries sit at the end of the keys (a decode step) can add the offset to
+its own convention, the bias only shifts by ``slopes[h] * offset`` per head,
+which softmax ignores.
+
+Dtypes: ``scores`` float16/bfloat16/float32/float64, ``slopes`` float32 or the
+scores dtype; math in float32 (float64 for float64); the result has the scores
+dtype (PyTorch's formula would promote bf16 scores with float32 slopes to
+float32; we keep the scores dtype). ``grad_slopes`` has the slopes dtype.
+
+Backward: ``grad_scores = grad`` and ``grad_slopes[h] = sum_{b,i,j} grad * (j - i)``,
+the latter reduced deterministically (per-(head, chunk) partials with a
+fixed-order block sum, then an ordered combine). ``alibi_backward`` returns
+``grad_scores`` as a fresh copy when asked (a custom op may not return an alias
+of its input); the autograd formula asks only for ``grad_slopes``
+(``output_mask=[False, True]``) and passes ``grad`` itself on as the scores
+gradient, so training never copies it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
+
+__all__ = [
+    "alibi",
+    "alibi_",
+    "alibi_slopes",
+    "AlibiDescriptor",
+    "AlibiArgs",
+    "AlibiPlan",
+    "AlibiBackwardDescriptor",
+    "AlibiBackwardArgs",
+    "AlibiBackwardPlan",
+]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """``scores + slopes[h] * (j - i)`` on ``[B, H, Q, K]`` scores; differentiable w.r.t. both."""
+    return torch.ops.baracuda.alibi(scores, slopes)
+
+
+def alibi_(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """In-place :func:`alibi`: adds the bias to ``scores`` and returns it."""
+    return torch.ops.baracuda.alibi_(scores, slopes)
+
+
+def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """The standard ALiBi slopes for ``num_heads`` heads.
+
+    For ``n`` a power of two, ``2^(-8 k / n)`` for ``k = 1..n``. Otherwise, with
+    ``p`` the largest power of two below ``n``: the ``p`` slopes of ``p`` heads,
+    then the odd-numbered slopes of ``2p`` heads, ``2^(-4 k / p)`` for
+    ``k = 1, 3, 5, ...``, until there are ``n``. Computed in float64, rounded once.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"baracuda.alibi_slopes: num_heads must be an int >= 1, got {num_heads!r}")
+    p = 1 << (num_heads.bit_length() - 1)
+    slopes = [2.0 ** (-8.0 * k / p) for k in range(1, p + 1)]
+    slopes += [2.0 ** (-4.0 * k / p) for k in range(1, 2 * (num_heads - p), 2)]
+    return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype)
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+def _check_shapes(op: str, scores_name: str, scores, slopes) -> None:
+    """The shape checks of check_alibi_args that need no guard on symbolic sizes."""
+    if scores.dim() != 4:
+        raise ValueError(f"baracuda::{op}: {scores_name} must be 4-D [B, H, Q, K], got shape {list(scores.shape)}")
+    heads = scores.shape[1]
+    bad = slopes.dim() != 1 or (isinstance(heads, int) and isinstance(slopes.shape[0], int) and slopes.shape[0] != heads)
+    if bad:
+        raise ValueError(
+            f"baracuda::{op}: slopes shape {list(slopes.shape)} != expected [{heads}] "
+            f"(one slope per head of {scores_name} {list(scores.shape)})"
+        )
+
+
+@torch.library.register_fake("baracuda::alibi")
+def _alibi_fake(scores, slopes):
+    _check_shapes("alibi", "scores", scores, slopes)
+    return scores.new_empty(scores.shape)
+
+
+@torch.library.register_fake("baracuda::alibi.out")
+def _alibi_out_fake(scores, slopes, *, out):
+    _check_shapes("alibi", "scores", scores, slopes)
+    return None
+
+
+@torch.library.register_fake("baracuda::alibi_")
+def _alibi_inplace_fake(scores, slopes):
+    _check_shapes("alibi_", "scores", scores, slopes)
+    return scores
+
+
+@torch.library.register_fake("baracuda::alibi_backward")
+def _alibi_backward_fake(grad, slopes, output_mask):
+    _check_shapes("alibi_backward", "grad", grad, slopes)
+    grad_scores = grad.new_empty(grad.shape) if output_mask[0] else None
+    grad_slopes = slopes.new_empty(slopes.shape) if output_mask[1] else None
+    return grad_scores, grad_slopes
+
+
+@torch.library.register_fake("baracuda::alibi_backward.out")
+def _alibi_backward_out_fake(grad, slopes, output_mask, *, grad_scores, grad_slopes, workspace):
+    _check_shapes("alibi_backward", "grad", grad, slopes)
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+def _alibi_setup_context(ctx, inputs, output):
+    _, slopes = inputs
+    ctx.save_for_backward(slopes)
+
+
+def _alibi_autograd(ctx, grad):
+    # d scores = grad, passed on as it is (no copy); d slopes from the reduction op.
+    need_scores, need_slopes = ctx.needs_input_grad
+    grad_slopes = None
+    if need_slopes:
+        (slopes,) = ctx.saved_tensors
+        _, grad_slopes = torch.ops.baracuda.alibi_backward(grad, slopes, [False, True])
+    return (grad if need_scores else None), grad_slopes
+
+
+def _alibi_backward_setup_context(ctx, inputs, output):
+    grad, _, _ = inputs
+    ctx.grad_shape = grad.shape
+    ctx.grad_dtype = grad.dtype
+
+
+def _alibi_backward_autograd(ctx, gg_scores, gg_slopes):
+    # alibi_backward is linear in grad: (grad_scores, grad_slopes) = (grad, sum grad * (j - i)),
+    # so d grad = gg_scores + gg_slopes[h] * (j - i) = alibi(gg_scores, gg_slopes); slopes get none.
+    if gg_slopes is None:
+        d_grad = gg_scores
+    else:
+        if gg_scores is None:
+            gg_scores = gg_slopes.new_zeros(ctx.grad_shape, dtype=ctx.grad_dtype)
+        d_grad = torch.ops.baracuda.alibi(gg_scores, gg_slopes)
+    return d_grad, None, None
+
+
+torch.library.register_autograd("baracuda::alibi", _alibi_autograd, setup_context=_alibi_setup_context)
+torch.library.register_autograd(
+    "baracuda::alibi_backward", _alibi_backward_autograd, setup_context=_alibi_backward_setup_context
+)
+
+
+class _AlibiInplaceFunction(torch.autograd.Function):
+    """Autograd of the in-place op: same gradients as ``alibi``, scores marked dirty."""
+
+    @staticmethod
+    def forward(ctx, keyset, scores, slopes):
+        with torch._C._AutoDispatchBelowAutograd():
+            torch.ops.baracuda.alibi_.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
+        ctx.mark_dirty(scores)
+        ctx.save_for_backward(slopes)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad):
+        _, need_scores, need_slopes = ctx.needs_input_grad
+        grad_slopes = None
+        if need_slopes:
+            (slopes,) = ctx.saved_tensors
+            _, grad_slopes = torch.ops.baracuda.alibi_backward(grad, slopes, [False, True])
+        return None, (grad if need_scores else None), grad_slopes
+
+
+def _alibi_inplace_autograd(keyset, scores, slopes):
+    if torch.is_grad_enabled() and (scores.requires_grad or slopes.requires_grad):
+        return _AlibiInplaceFunction.apply(keyset, scores, slopes)
+    with torch._C._AutoDispatchBelowAutograd():
+        torch.ops.baracuda.alibi_.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
+    torch.autograd.graph.increment_version(scores)
+    return scores
+
+
+_lib = torch.library.Library("baracuda", "IMPL")  # noqa: TOR901  (kept alive with the module)
+_lib.impl("alibi_", _alibi_inplace_autograd, "Autograd", with_keyset=True)
+
+
+# --------------------------------------------------------------------------- Plan API
+
+
+def _problem(shape: Sequence[int]) -> list[int]:
+    return [int(s) for s in shape]
+
+
+def _check_desc(op: str, shape: Sequence[int], dtype: torch.dtype, slopes_dtype: torch.dtype) -> None:
+    if len(shape) != 4:
+        raise InvalidProblemError(f"baracuda::{op}: shape must be [B, H, Q, K], got {list(shape)}")
+    if dtype not in _FLOATS:
+        raise InvalidProblemError(f"baracuda::{op}: dtype must be float16, bfloat16, float32 or float64, got {dtype}")
+    if slopes_dtype not in (torch.float32, dtype):
+        raise InvalidProblemError(f"baracuda::{op}: slopes dtype {slopes_dtype} must be float32 or {dtype}")
+
+
+@dataclass(frozen=True)
+class AlibiDescriptor:
+    """``shape`` = [B, H, Q, K] of the scores; problem encoding for the kernel choice: the same four ints."""
+
+    shape: tuple[int, int, int, int]
+    dtype: torch.dtype
+    slopes_dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+
+
+@dataclass
+class AlibiArgs:
+    scores: torch.Tensor
+    slopes: torch.Tensor
+    out: torch.Tensor
+
+
+class AlibiPlan(Plan):
+    """Writes ``alibi(scores, slopes)`` into ``args.out`` (contiguous, 16-byte aligned on CUDA)."""
+
+    op = "alibi"
+
+    @classmethod
+    def select(cls, desc: AlibiDescriptor, pref: PlanPreference = PlanPreference()) -> "AlibiPlan":
+        _check_desc(cls.op, desc.shape, desc.dtype, desc.slopes_dtype)
+        return cls(desc, pref, _problem(desc.shape))
+
+    def can_implement(self, args: AlibiArgs) -> None:
+        self._check_tensor("scores", args.scores, self.desc.shape, self.desc.dtype)
+        self._check_tensor("slopes", args.slopes, self.desc.shape[1:2], self.desc.slopes_dtype)
+        self._check_tensor("out", args.out, self.desc.shape, self.desc.dtype)
+
+    def run(self, args: AlibiArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        with plan_errors():
+            torch.ops.baracuda.alibi.out(args.scores, args.slopes, out=args.out)
+
+
+@dataclass(frozen=True)
+class AlibiBackwardDescriptor:
+    """``shape`` = [B, H, Q, K] of grad; problem encoding: the same four ints."""
+
+    shape: tuple[int, int, int, int]
+    dtype: torch.dtype
+    slopes_dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+
+
+@dataclass
+class AlibiBackwardArgs:
+    grad: torch.Tensor
+    slopes: torch.Tensor
+    grad_slopes: torch.Tensor
+    grad_scores: torch.Tensor | None = None  # written (a copy of grad) only when given
+
+
+class AlibiBackwardPlan(Plan):
+    """Writes the slope gradient into ``args.grad_slopes`` (and grad into ``args.grad_scores`` if given).
+    The workspace holds the per-(head, chunk) partial sums."""
+
+    op = "alibi_backward"
+
+    @classmethod
+    def select(cls, desc: AlibiBackwardDescriptor, pref: PlanPreference = PlanPreference()) -> "AlibiBackwardPlan":
+        _check_desc(cls.op, desc.shape, desc.dtype, desc.slopes_dtype)
+        return cls(desc, pref, _problem(desc.shape))
+
+    def can_implement(self, args: AlibiBackwardArgs) -> None:
+        self._check_tensor("grad", args.grad, self.desc.shape, self.desc.dtype)
+        self._check_tensor("slopes", args.slopes, self.desc.shape[1:2], self.desc.slopes_dtype)
+        self._check_tensor("grad_slopes", args.grad_slopes, self.desc.shape[1:2], self.desc.slopes_dtype)
+        if args.grad_scores is not None:
+            self._check_tensor("grad_scores", args.grad_scores, self.desc.shape, self.desc.dtype)
+
+    def run(self, args: AlibiBackwardArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        buffer = self._workspace(workspace)
+        with_scores = args.grad_scores is not None
+        grad_scores = args.grad_scores if with_scores else args.grad.new_empty(0)
+        with plan_errors():
+            torch.ops.baracuda.alibi_backward.out(
+                args.grad, args.slopes, [with_scores, True],
+                grad_scores=grad_scores, grad_slopes=args.grad_slopes, workspace=buffer,
+            )
+
+
+# --------------------------------------------------------------------------- self-check and benchmarks
+
+
+def _relative_positions(q: int, k: int, device, dtype=torch.float64) -> torch.Tensor:
+    """(j - i) as a [Q, K] tensor."""
+    return (torch.arange(k, device=device, dtype=dtype) - torch.arange(q, device=device, dtype=dtype)[:, None])
+
+
+def reference(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """float64 ``scores + slopes.view(H, 1, 1) * (j - i)``."""
+    rel = _relative_positions(scores.shape[2], scores.shape[3], scores.device)
+    return scores.double() + slopes.double().view(-1, 1, 1) * rel
+
+
+def reference_slope_grad(grad: torch.Tensor) -> torch.Tensor:
+    """float64 ``sum_{b,i,j} grad * (j - i)`` per head."""
+    rel = _relative_positions(grad.shape[2], grad.shape[3], grad.device)
+    return (grad.double() * rel).sum(dim=(0, 2, 3))
+
+
+def self_checks():
+    from ..bench import SelfCheck
+
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+
+    def forward(dtype):
+        def run(device):
+            scores = torch.randn(3, 5, 7, 24, device=device, dtype=dtype)
+            slopes = alibi_slopes(5, device=device)
+            ours = alibi(scores, slopes)
+            ref = reference(scores, slopes)
+            torch.testing.assert_close(ours.double(), ref.to(dtype).double(), rtol=tol[dtype], atol=tol[dtype])
+
+        return run
+
+    def backward(dtype):
+        def run(device):
+            grad = torch.randn(3, 5, 7, 24, device=device, dtype=dtype)
+            slopes = alibi_slopes(5, device=device)
+            _, ours = torch.ops.baracuda.alibi_backward(grad, slopes, [False, True])
+            ref = reference_slope_grad(grad)
+            torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-3)
+
+        return run
+
+    return [SelfCheck("alibi", d, forward(d)) for d in _FLOATS] + [
+        SelfCheck("alibi_backward", d, backward(d)) for d in _FLOATS
+    ]
+
+
+def benchmarks(device: torch.device, full: bool):
+    from ..bench import BenchCase
+
+    shapes = [(8, 32, 1024, 1024), (2, 32, 4096, 4096), (1, 64, 2048, 2048), (64, 16, 1, 4096)]
+    if not full:
+        shapes = [shapes[0], shapes[-1]]
+    dtypes = (torch.bfloat16, torch.float32)
+    if device.type == "cpu":  # keep the CPU run short
+        shapes, dtypes = [(2, 8, 256, 256), (16, 8, 1, 1024)], (torch.float32,)
+    cases = []
+    for shape in shapes:
+        b, h, q, k = shape
+        for dtype in dtypes:
+            numel = math.prod(shape)
+            size = torch.tensor([], dtype=dtype).element_size()
+            tag = f"{list(shape)} {str(dtype).replace('torch.', '')}"
+
+            # The peers see slopes and (j - i) in the scores dtype, so every
+            # implementation produces a result of the scores dtype.
+            def fwd_inputs(shape=shape, dtype=dtype):
+                scores = torch.randn(shape, device=device, dtype=dtype)
+                slopes = alibi_slopes(shape[1], dtype=dtype, device=device)
+                return scores, slopes, _relative_positions(shape[2], shape[3], device, dtype)
+
+            def bwd_inputs(shape=shape, dtype=dtype):
+                scores, slopes, rel = fwd_inputs(shape, dtype)
+                slopes.requires_grad_()
+                y = scores + slopes.view(-1, 1, 1) * rel
+                return torch.randn_like(y), slopes, y, rel
+
+            def eager_forward(scores, slopes, rel):
+                return scores + slopes.view(-1, 1, 1) * rel
+
+            cases.append(BenchCase(
+                "alibi", f"alibi {tag}", 2 * numel * size + h * size, fwd_inputs,
+                ours=lambda scores, slopes, rel: torch.ops.baracuda.alibi(scores, slopes),
+                peers={"eager": eager_forward},
+                compile_peer=eager_forward,
+            ))
+            cases.append(BenchCase(
+                "alibi", f"alibi_backward (slopes) {tag}", numel * size + 2 * h * size, bwd_inputs,
+                ours=lambda g, slopes, y, rel: torch.ops.baracuda.alibi_backward(g, slopes.detach(), [False, True]),
+                peers={"eager": lambda g, slopes, y, rel: torch.autograd.grad(y, slopes, g, retain_graph=True)},
+                compile_peer=lambda g, slopes, y, rel: (g * rel).sum(dim=(0, 2, 3)),
+            ))
+    return cases

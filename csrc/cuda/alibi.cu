@@ -1,0 +1,371 @@
+// alibi family, CUDA kernels.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "baracuda/alibi.h"
+#include "baracuda/checks.h"
+#include "baracuda/cuda_utils.cuh"
+#include "baracuda/dispatch.h"
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+using at::cuda::detail::IntDivider;
+using cuda::ceil_div;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+// The slope gradient gives each (head, chunk) block at least this many vectors
+// (one pass of the unrolled loop per thread).
+constexpr int64_t kMinChunkVectors = kThreads * kUnroll;
+
+// ---------------------------------------------------------------------------
+// Choice of kernel: a pure function of the problem, used by the launchers and
+// by the Plan API (through the variant registry).
+
+struct AlibiChoice {
+  int vec_bytes;        // bytes per access: 16 when a row of K elements is a whole number of vectors
+  bool index32;         // 32-bit index math (fast division) when the tensor has < 2^31 elements
+  int64_t chunks = 1;   // backward: blocks per head; > 1 adds the ordered combine of the partials
+};
+
+AlibiChoice choose_alibi(const AlibiShape& s, int64_t elem_bytes) {
+  const bool vec = (s.keys * elem_bytes) % 16 == 0;
+  return {vec ? 16 : static_cast<int>(elem_bytes), s.numel() < (int64_t(1) << 31)};
+}
+
+AlibiChoice choose_alibi_backward(const AlibiShape& s, int64_t elem_bytes) {
+  AlibiChoice c = choose_alibi(s, elem_bytes);
+  const int64_t per_head_vectors = s.per_head() / (c.vec_bytes / elem_bytes);
+  if (s.heads == 0 || per_head_vectors == 0) return c;
+  // About two waves of 256-thread blocks over the whole GPU, split evenly
+  // among the heads, each chunk at least kMinChunkVectors long.
+  const int64_t want = int64_t(cuda::num_sms()) * (2048 / kThreads) * 2;
+  int64_t chunks = std::min(ceil_div<int64_t>(want, s.heads), ceil_div(per_head_vectors, kMinChunkVectors));
+  chunks = std::clamp<int64_t>(chunks, 1, 65535);
+  const int64_t per_chunk = ceil_div(per_head_vectors, chunks);
+  c.chunks = ceil_div(per_head_vectors, per_chunk);
+  return c;
+}
+
+std::string alibi_variant(const AlibiChoice& c) {
+  return "bias_stream<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") + ">";
+}
+
+std::string alibi_backward_variant(const AlibiChoice& c) {
+  std::string v = "slope_grad<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") + ">";
+  return c.chunks == 1 ? v : v + "+chunks" + std::to_string(c.chunks) + "_ordered_combine";
+}
+
+int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
+
+int64_t alibi_backward_workspace_bytes(const AlibiShape& s, const AlibiChoice& c, c10::ScalarType dtype) {
+  return c.chunks > 1 ? s.heads * c.chunks * acc_bytes_of(dtype) : 0;
+}
+
+// Index math: element e of the contiguous [B, H, Q, K] tensor has j = e mod K,
+// i = (e / K) mod Q, h = (e / (K Q)) mod H. Diff holds j - i (signed).
+template <typename IndexT>
+using DiffT = std::conditional_t<sizeof(IndexT) == 4, int32_t, int64_t>;
+
+// ---------------------------------------------------------------------------
+// Forward: y[e] = x[e] + slopes[h] * (j - i), computed in AccT and rounded once
+// to T. Each thread moves whole vectors of V elements; a vector never crosses a
+// row because K is a multiple of V. x may equal y (the in-place op): each
+// element is read and then written by the same thread only.
+
+template <typename T, typename S, typename AccT, int V, typename IndexT>
+__global__ void __launch_bounds__(kThreads)
+    alibi_forward_kernel(const T* x, const S* __restrict__ slopes, T* y, IndexT num_vectors,
+                         IntDivider<IndexT> keys, IntDivider<IndexT> queries, IntDivider<IndexT> heads) {
+  const IndexT stride = IndexT(gridDim.x) * kThreads;
+  for (IndexT first = IndexT(blockIdx.x) * kThreads + threadIdx.x; first < num_vectors; first += stride * kUnroll) {
+    cuda::Vec<T, V> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const IndexT q = first + u * stride;
+      if (q < num_vectors) v[u] = cuda::load_vec<T, V>(x + q * V);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const IndexT q = first + u * stride;
+      if (q < num_vectors) {
+        const auto jr = keys.divmod(q * V);
+        const auto iq = queries.divmod(jr.div);
+        const AccT m = static_cast<AccT>(slopes[heads.mod(iq.div)]);
+        const AccT d = static_cast<AccT>(static_cast<DiffT<IndexT>>(jr.mod) - static_cast<DiffT<IndexT>>(iq.mod));
+        cuda::Vec<T, V> out;
+#pragma unroll
+        for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(static_cast<AccT>(v[u].v[k]) + m * (d + AccT(k)));
+        cuda::store_vec<T, V>(y + q * V, out);
+      }
+    }
+  }
+}
+
+template <typename T, typename S, typename AccT, int V, typename IndexT>
+void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s) {
+  const IndexT num_vectors = static_cast<IndexT>(s.numel() / V);
+  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(num_vectors, kThreads * kUnroll),
+                                           int64_t(cuda::num_sms()) * (2048 / kThreads) * 4);
+  alibi_forward_kernel<T, S, AccT, V, IndexT><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      x, slopes, y, num_vectors, IntDivider<IndexT>(static_cast<IndexT>(s.keys)),
+      IntDivider<IndexT>(static_cast<IndexT>(s.queries)), IntDivider<IndexT>(static_cast<IndexT>(s.heads)));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// x and y contiguous [B, H, Q, K], 16-byte aligned; slopes contiguous [H]; numel > 0.
+void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at::Tensor& y) {
+  const auto s = alibi_shape(x);
+  const auto c = choose_alibi(s, x.element_size());
+  BARACUDA_DISPATCH_FLOATING(x.scalar_type(), "alibi_cuda", [&] {
+    with_slope_type<scalar_t>(slopes, [&](auto* tag) {
+      using slope_t = std::remove_pointer_t<decltype(tag)>;
+      constexpr int kV = 16 / sizeof(scalar_t);
+      const auto* xp = x.const_data_ptr<scalar_t>();
+      const auto* sp = slopes.const_data_ptr<slope_t>();
+      auto* yp = y.mutable_data_ptr<scalar_t>();
+      const bool vec = c.vec_bytes == 16;
+      if (c.index32) {
+        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint32_t>(xp, sp, yp, s)
+            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint32_t>(xp, sp, yp, s);
+      } else {
+        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint64_t>(xp, sp, yp, s)
+            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint64_t>(xp, sp, yp, s);
+      }
+    });
+  });
+}
+
+// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
+// the kernel choice depends on the problem alone.
+at::Tensor aligned_contiguous(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return cuda::is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
+}
+
+bool is_aligned_contiguous(const at::Tensor& t) {
+  return t.is_contiguous() && cuda::is_aligned(t.const_data_ptr(), 16);
+}
+
+void alibi_out_cuda(const at::Tensor& scores, const at::Tensor& slopes, const at::Tensor& out) {
+  check_alibi_args(kAlibiOp, "scores", scores, slopes);
+  check_out(kAlibiOp, "out", out, scores.sizes(), scores.scalar_type(), scores.device());
+  TORCH_CHECK_VALUE(out.numel() == 0 || is_aligned_contiguous(out), kAlibiOp,
+                    ": out must be contiguous and 16-byte aligned on CUDA");
+  if (out.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(scores.device());
+  alibi_forward_cuda(aligned_contiguous(scores), slopes.contiguous(), out);
+}
+
+at::Tensor alibi_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
+  check_alibi_args(kAlibiOp, "scores", scores, slopes);
+  auto out = at::empty(scores.sizes(), scores.options().memory_format(at::MemoryFormat::Contiguous));
+  alibi_out_cuda(scores, slopes, out);
+  return out;
+}
+
+// In place on a contiguous, aligned tensor; any other layout goes through a
+// contiguous result copied back.
+at::Tensor& alibi_inplace_cuda(at::Tensor& scores, const at::Tensor& slopes) {
+  check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
+  if (scores.numel() == 0) return scores;
+  const c10::cuda::CUDAGuard guard(scores.device());
+  if (is_aligned_contiguous(scores)) {
+    alibi_forward_cuda(scores, slopes.contiguous(), scores);
+  } else {
+    scores.copy_(alibi_cuda(scores, slopes));
+  }
+  return scores;
+}
+
+// ---------------------------------------------------------------------------
+// Slope gradient: grad_slopes[h] = sum_{b,i,j} grad[b,h,i,j] * (j - i).
+// Head h's elements, in vector units, form a virtual range t in [0, B*QK/V):
+// t = b * (QK/V) + r, stored at vector (b H + h) (QK/V) + r, with i = r / (K/V)
+// and j = (r mod (K/V)) * V + k. Block (h, c) sums chunk c of that range: each
+// thread accumulates its strided vectors in order in AccT, then the block adds
+// the thread sums with the fixed-order block_sum. With one chunk the block
+// writes grad_slopes[h]; otherwise it writes partials[h][c], and
+// alibi_slope_combine_kernel adds those in chunk order. No atomics: the result
+// is bit-identical run to run.
+
+template <typename T, typename S, typename AccT, int V, typename IndexT>
+__global__ void __launch_bounds__(kThreads)
+    alibi_slope_grad_kernel(const T* __restrict__ grad, AccT* __restrict__ partials, S* __restrict__ grad_slopes,
+                            IndexT per_head_vectors, IndexT per_chunk, IntDivider<IndexT> slab_vectors,
+                            IntDivider<IndexT> row_vectors, IndexT heads) {
+  __shared__ AccT scratch[kThreads / 32];
+  const IndexT h = blockIdx.x, chunk = blockIdx.y;
+  const IndexT begin = chunk * per_chunk;
+  const IndexT end = begin + per_chunk < per_head_vectors ? begin + per_chunk : per_head_vectors;
+
+  AccT acc = 0;
+  for (IndexT first = begin + threadIdx.x; first < end; first += kThreads * kUnroll) {
+    cuda::Vec<T, V> v[kUnroll];
+    AccT d[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const IndexT t = first + u * kThreads;
+      if (t < end) {
+        const auto br = slab_vectors.divmod(t);
+        const auto ij = row_vectors.divmod(br.mod);
+        v[u] = cuda::load_vec<T, V>(grad + ((br.div * heads + h) * slab_vectors.divisor + br.mod) * V);
+        d[u] = static_cast<AccT>(static_cast<DiffT<IndexT>>(ij.mod * V) - static_cast<DiffT<IndexT>>(ij.div));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (first + u * kThreads < end) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc += static_cast<AccT>(v[u].v[k]) * (d[u] + AccT(k));
+      }
+    }
+  }
+  const AccT total = cuda::block_sum(acc, scratch);
+  if (threadIdx.x == 0) {
+    if (partials == nullptr) {
+      grad_slopes[h] = static_cast<S>(total);
+    } else {
+      partials[h * gridDim.y + chunk] = total;
+    }
+  }
+}
+
+// grad_slopes[h] = sum_{c = 0..chunks-1} partials[h][c]: one warp per head,
+// lane l adding chunks l, l + 32, ... in order, then the fixed-order warp_sum.
+template <typename S, typename AccT>
+__global__ void __launch_bounds__(kThreads)
+    alibi_slope_combine_kernel(const AccT* __restrict__ partials, S* __restrict__ grad_slopes, int64_t heads,
+                               int chunks) {
+  const int64_t h = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (h >= heads) return;  // whole warps leave together: kThreads is a multiple of 32
+  AccT acc = 0;
+  for (int c = lane; c < chunks; c += 32) acc += partials[h * chunks + c];
+  acc = cuda::warp_sum(acc);
+  if (lane == 0) grad_slopes[h] = static_cast<S>(acc);
+}
+
+template <typename T, typename S, typename AccT, int V, typename IndexT>
+void launch_alibi_slope_grad(const T* grad, S* grad_slopes, AccT* partials, const AlibiShape& s,
+                             const AlibiChoice& c) {
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t per_head_vectors = s.per_head() / V;
+  const int64_t per_chunk = ceil_div(per_head_vectors, c.chunks);
+  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(c.chunks));  // chunks <= 65535
+  alibi_slope_grad_kernel<T, S, AccT, V, IndexT><<<grid, kThreads, 0, stream>>>(
+      grad, c.chunks > 1 ? partials : nullptr, grad_slopes, static_cast<IndexT>(per_head_vectors),
+      static_cast<IndexT>(per_chunk), IntDivider<IndexT>(static_cast<IndexT>(s.queries * s.keys / V)),
+      IntDivider<IndexT>(static_cast<IndexT>(s.keys / V)), static_cast<IndexT>(s.heads));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (c.chunks > 1) {
+    const int64_t blocks = ceil_div<int64_t>(s.heads * 32, kThreads);
+    alibi_slope_combine_kernel<S, AccT><<<blocks, kThreads, 0, stream>>>(partials, grad_slopes, s.heads,
+                                                                        static_cast<int>(c.chunks));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, std::array<bool, 2> output_mask,
+                             const at::Tensor& grad_scores, const at::Tensor& grad_slopes,
+                             const at::Tensor& workspace) {
+  check_alibi_args(kAlibiBackwardOp, "grad", grad, slopes);
+  if (output_mask[0]) {
+    check_out(kAlibiBackwardOp, "grad_scores", grad_scores, grad.sizes(), grad.scalar_type(), grad.device());
+  }
+  if (output_mask[1]) {
+    check_out(kAlibiBackwardOp, "grad_slopes", grad_slopes, slopes.sizes(), slopes.scalar_type(), slopes.device());
+    TORCH_CHECK_VALUE(grad_slopes.is_contiguous(), kAlibiBackwardOp, ": grad_slopes must be contiguous");
+  }
+  const c10::cuda::CUDAGuard guard(grad.device());
+  if (output_mask[0]) grad_scores.copy_(grad);
+  if (!output_mask[1] || grad_slopes.numel() == 0) return;
+  if (grad.numel() == 0) {
+    grad_slopes.zero_();
+    return;
+  }
+  const auto s = alibi_shape(grad);
+  const auto c = choose_alibi_backward(s, grad.element_size());
+  const int64_t need = alibi_backward_workspace_bytes(s, c, grad.scalar_type());
+  if (need > 0) {
+    check_same_device(kAlibiBackwardOp, "grad", grad, "workspace", workspace);
+    TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
+                          cuda::is_aligned(workspace.const_data_ptr(), 16),
+                      kAlibiBackwardOp, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
+                      " contiguous 16-byte-aligned bytes");
+  }
+  const auto g = aligned_contiguous(grad);
+  BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "alibi_backward_cuda", [&] {
+    with_slope_type<scalar_t>(slopes, [&](auto* tag) {
+      using slope_t = std::remove_pointer_t<decltype(tag)>;
+      constexpr int kV = 16 / sizeof(scalar_t);
+      const auto* gp = g.const_data_ptr<scalar_t>();
+      auto* out = grad_slopes.mutable_data_ptr<slope_t>();
+      auto* partials = need > 0 ? static_cast<acc_t*>(workspace.mutable_data_ptr()) : nullptr;
+      const bool vec = c.vec_bytes == 16;
+      if (c.index32) {
+        vec ? launch_alibi_slope_grad<scalar_t, slope_t, acc_t, kV, uint32_t>(gp, out, partials, s, c)
+            : launch_alibi_slope_grad<scalar_t, slope_t, acc_t, 1, uint32_t>(gp, out, partials, s, c);
+      } else {
+        vec ? launch_alibi_slope_grad<scalar_t, slope_t, acc_t, kV, uint64_t>(gp, out, partials, s, c)
+            : launch_alibi_slope_grad<scalar_t, slope_t, acc_t, 1, uint64_t>(gp, out, partials, s, c);
+      }
+    });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> alibi_backward_cuda(const at::Tensor& grad, const at::Tensor& slopes,
+                                                       std::array<bool, 2> output_mask) {
+  check_alibi_args(kAlibiBackwardOp, "grad", grad, slopes);
+  at::Tensor grad_scores, grad_slopes;
+  if (output_mask[0]) grad_scores = at::empty(grad.sizes(), grad.options());
+  if (output_mask[1]) grad_slopes = at::empty(slopes.sizes(), slopes.options());
+  int64_t need = 0;
+  if (output_mask[1] && grad.numel() > 0 && slopes.numel() > 0) {
+    const c10::cuda::CUDAGuard guard(grad.device());
+    const auto s = alibi_shape(grad);
+    need = alibi_backward_workspace_bytes(s, choose_alibi_backward(s, grad.element_size()), grad.scalar_type());
+  }
+  const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
+  alibi_backward_out_cuda(grad, slopes, output_mask, grad_scores, grad_slopes, workspace);
+  return {grad_scores, grad_slopes};
+}
+
+// problem = [B, H, Q, K]
+KernelChoice alibi_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  const auto s = alibi_shape_of_problem(kAlibiOp, problem);
+  return {alibi_variant(choose_alibi(s, c10::elementSize(dtype))), 0};
+}
+
+KernelChoice alibi_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  const auto s = alibi_shape_of_problem(kAlibiBackwardOp, problem);
+  const auto c = choose_alibi_backward(s, c10::elementSize(dtype));
+  const bool empty = s.numel() == 0;
+  return {alibi_backward_variant(c), empty ? 0 : alibi_backward_workspace_bytes(s, c, dtype)};
+}
+
+BARACUDA_REGISTER_VARIANT("alibi", c10::DeviceType::CUDA, alibi_choice);
+BARACUDA_REGISTER_VARIANT("alibi_backward", c10::DeviceType::CUDA, alibi_backward_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("alibi", &baracuda::alibi_cuda);
+  m.impl("alibi.out", &baracuda::alibi_out_cuda);
+  m.impl("alibi_", &baracuda::alibi_inplace_cuda);
+  m.impl("alibi_backward", &baracuda::alibi_backward_cuda);
+  m.impl("alibi_backward.out", &baracuda::alibi_backward_out_cuda);
+}

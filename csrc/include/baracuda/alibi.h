@@ -1,0 +1,72 @@
+// alibi family: argument checks shared by the CPU and CUDA kernels.
+//
+// y[b,h,i,j] = scores[b,h,i,j] + slopes[h] * (j - i) for scores [B, H, Q, K],
+// slopes [H], with i the query index in [0, Q) and j the key index in [0, K),
+// used as they are (no offset when Q != K: a decode step's single query row
+// gets the bias slopes[h] * j, exactly as `scores + slopes.view(H,1,1) * (j - i)`).
+// The slope gradient is grad_slopes[h] = sum_{b,i,j} grad[b,h,i,j] * (j - i).
+//
+// scores/grad: float16, bfloat16, float32, float64; slopes: float32 or the
+// scores dtype. Math in float32 (float64 for float64 scores); y has the scores
+// dtype, grad_slopes the slopes dtype.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+#include "baracuda/checks.h"
+
+namespace baracuda {
+
+constexpr const char* kAlibiOp = "baracuda::alibi";
+constexpr const char* kAlibiInplaceOp = "baracuda::alibi_";
+constexpr const char* kAlibiBackwardOp = "baracuda::alibi_backward";
+
+// `scores_name` is "scores" for the forward ops and "grad" for the backward.
+inline void check_alibi_args(const char* op, const char* scores_name, const at::Tensor& scores,
+                             const at::Tensor& slopes) {
+  TORCH_CHECK_VALUE(scores.dim() == 4, op, ": ", scores_name, " must be 4-D [B, H, Q, K], got shape ",
+                    scores.sizes());
+  check_floating(op, scores_name, scores);
+  TORCH_CHECK_TYPE(slopes.scalar_type() == at::kFloat || slopes.scalar_type() == scores.scalar_type(), op,
+                   ": slopes dtype ", slopes.scalar_type(), " must be Float or the ", scores_name, " dtype ",
+                   scores.scalar_type());
+  check_same_device(op, scores_name, scores, "slopes", slopes);
+  TORCH_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == scores.size(1), op, ": slopes shape ", slopes.sizes(),
+                    " != expected [", scores.size(1), "] (one slope per head of ", scores_name, " ",
+                    scores.sizes(), ")");
+}
+
+// The flat geometry of the (contiguous) problem.
+struct AlibiShape {
+  int64_t batch, heads, queries, keys;
+  int64_t numel() const { return batch * heads * queries * keys; }
+  int64_t rows() const { return batch * heads * queries; }  // rows of K elements
+  int64_t per_head() const { return batch * queries * keys; }
+};
+
+inline AlibiShape alibi_shape(const at::Tensor& scores) {
+  return {scores.size(0), scores.size(1), scores.size(2), scores.size(3)};
+}
+
+// problem = [B, H, Q, K] (the Plan API's encoding).
+inline AlibiShape alibi_shape_of_problem(const char* op, c10::IntArrayRef problem) {
+  TORCH_CHECK_VALUE(problem.size() == 4, op, ": problem must be [B, H, Q, K], got ", problem);
+  for (const int64_t s : problem) TORCH_CHECK_VALUE(s >= 0, op, ": problem sizes must be >= 0, got ", problem);
+  return {problem[0], problem[1], problem[2], problem[3]};
+}
+
+// Calls f(static_cast<slope_t*>(nullptr)) with slope_t = scalar_t when the
+// slopes have the scores dtype, float otherwise (checked to be float32).
+template <typename scalar_t, typename F>
+void with_slope_type(const at::Tensor& slopes, const F& f) {
+  if (slopes.scalar_type() == c10::CppTypeToScalarType<scalar_t>::value) {
+    f(static_cast<scalar_t*>(nullptr));
+  } else {
+    f(static_cast<float*>(nullptr));
+  }
+}
+
+}  // namespace baracuda
