@@ -28,15 +28,15 @@ constexpr const char* kAlibiBackwardOp = "baracuda::alibi_backward";
 inline void check_alibi_args(const char* op, const char* scores_name, const at::Tensor& scores,
                              const at::Tensor& slopes) {
   TORCH_CHECK_VALUE(scores.dim() == 4, op, ": ", scores_name, " must be 4-D [B, H, Q, K], got shape ",
-                    scores.sizes());
+                    shape_str(scores.sizes()));
   check_floating(op, scores_name, scores);
   TORCH_CHECK_TYPE(slopes.scalar_type() == at::kFloat || slopes.scalar_type() == scores.scalar_type(), op,
                    ": slopes dtype ", slopes.scalar_type(), " must be Float or the ", scores_name, " dtype ",
                    scores.scalar_type());
   check_same_device(op, scores_name, scores, "slopes", slopes);
-  TORCH_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == scores.size(1), op, ": slopes shape ", slopes.sizes(),
-                    " != expected [", scores.size(1), "] (one slope per head of ", scores_name, " ",
-                    scores.sizes(), ")");
+  TORCH_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == scores.size(1), op, ": slopes shape ",
+                    shape_str(slopes.sizes()), " != expected [", scores.size(1), "] (one slope per head of ",
+                    scores_name, " ", shape_str(scores.sizes()), ")");
 }
 
 // The flat geometry of the (contiguous) problem.
