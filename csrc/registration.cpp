@@ -52,7 +52,30 @@ TORCH_LIBRARY(baracuda, m) {
   // (embedding_bag schemas end)
 
   // fractional_max_pool
-
+  m.def(
+      "fractional_max_pool2d(Tensor self, int[2] kernel_size, SymInt[2] output_size, Tensor random_samples) -> "
+      "(Tensor output, Tensor indices)");
+  m.def(
+      "fractional_max_pool2d.out(Tensor self, int[2] kernel_size, SymInt[2] output_size, Tensor random_samples, *, "
+      "Tensor(a!) output, Tensor(b!) indices) -> ()");
+  m.def(
+      "fractional_max_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, SymInt[2] output_size, "
+      "Tensor indices) -> Tensor");
+  m.def(
+      "fractional_max_pool2d_backward.out(Tensor grad_output, Tensor self, int[2] kernel_size, SymInt[2] "
+      "output_size, Tensor indices, *, Tensor(a!) grad_input, Tensor(b!) workspace) -> ()");
+  m.def(
+      "fractional_max_pool3d(Tensor self, int[3] kernel_size, SymInt[3] output_size, Tensor random_samples) -> "
+      "(Tensor output, Tensor indices)");
+  m.def(
+      "fractional_max_pool3d.out(Tensor self, int[3] kernel_size, SymInt[3] output_size, Tensor random_samples, *, "
+      "Tensor(a!) output, Tensor(b!) indices) -> ()");
+  m.def(
+      "fractional_max_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, SymInt[3] output_size, "
+      "Tensor indices) -> Tensor");
+  m.def(
+      "fractional_max_pool3d_backward.out(Tensor grad_output, Tensor self, int[3] kernel_size, SymInt[3] "
+      "output_size, Tensor indices, *, Tensor(a!) grad_input, Tensor(b!) workspace) -> ()");
   // (fractional_max_pool schemas end)
 
   // alibi

@@ -1,0 +1,395 @@
+"""fractional_max_pool family: ``fractional_max_pool2d`` / ``3d``, bit-exact with PyTorch,
+and their backward (a deterministic owner-computes gather).
+
+Per axis, with ``u`` the plane's sample and ``alpha = (in - k) / (out - 1)``, the
+window of output ``i`` starts at ``int((i + u) * alpha) - int(u * alpha)``
+(``in - k`` for the last), computed in the input's dtype on CPU and in float
+(double for float64) on CUDA, as PyTorch does. The output is the window's first
+maximum (NaN wins) and the index its position in the plane (``h * W + w``;
+3d ``t * H * W + h * W + w``). Samples: 2d ``[..., 0] -> W, [..., 1] -> H``;
+3d ``T, H, W``. The backward is ``dx[e] = sum over o with idx[o] == e of dy[o]``
+in increasing ``o``, without atomics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
+
+__all__ = [
+    "fractional_max_pool2d",
+    "fractional_max_pool3d",
+    "FractionalMaxPool2dDescriptor",
+    "FractionalMaxPool3dDescriptor",
+    "FractionalMaxPoolArgs",
+    "FractionalMaxPoolBackwardArgs",
+    "FractionalMaxPool2dPlan",
+    "FractionalMaxPool2dBackwardPlan",
+    "FractionalMaxPool3dPlan",
+    "FractionalMaxPool3dBackwardPlan",
+]
+
+_AXES = {2: ("height", "width"), 3: ("time", "height", "width")}
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _expand(value, dims: int, name: str) -> list:
+    """An int (or float) broadcast to ``dims`` entries, or a sequence of exactly ``dims`` entries."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != dims:
+            raise ValueError(f"fractional_max_pool{dims}d: {name} must have {dims} entries, got {list(value)}")
+        return list(value)
+    return [value] * dims
+
+
+def _functional(dims: int, input, kernel_size, output_size, output_ratio, return_indices, _random_samples):
+    op = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d")
+    if output_size is None and output_ratio is None:
+        raise ValueError(
+            f"fractional_max_pool{dims}d requires specifying either an output_size or an output_ratio"
+        )
+    if output_size is None:
+        ratio = _expand(output_ratio, dims, "output_ratio")
+        output_size = [int(input.size(d - dims) * r) for d, r in enumerate(ratio)]
+    if _random_samples is None:
+        n_batch = 1 if input.dim() == dims + 1 else input.size(0)
+        _random_samples = torch.rand(n_batch, input.size(-dims - 1), dims, dtype=input.dtype, device=input.device)
+    output, indices = op(input, _expand(kernel_size, dims, "kernel_size"), _expand(output_size, dims, "output_size"),
+                         _random_samples)
+    return (output, indices) if return_indices else output
+
+
+def fractional_max_pool2d(input: torch.Tensor, kernel_size, output_size=None, output_ratio=None,
+                          return_indices: bool = False, _random_samples: torch.Tensor | None = None):
+    """Same as ``torch.nn.functional.fractional_max_pool2d`` (bit-exact given the same
+    ``_random_samples``; drawn with ``torch.rand`` like PyTorch when None); differentiable."""
+    return _functional(2, input, kernel_size, output_size, output_ratio, return_indices, _random_samples)
+
+
+def fractional_max_pool3d(input: torch.Tensor, kernel_size, output_size=None, output_ratio=None,
+                          return_indices: bool = False, _random_samples: torch.Tensor | None = None):
+    """Same as ``torch.nn.functional.fractional_max_pool3d`` (bit-exact given the same
+    ``_random_samples``; drawn with ``torch.rand`` like PyTorch when None); differentiable."""
+    return _functional(3, input, kernel_size, output_size, output_ratio, return_indices, _random_samples)
+
+
+def _output_shape(op: str, dims: int, input_shape: Sequence, kernel_size: Sequence, output_size: Sequence) -> list:
+    """The op's output shape, with the C++ checks' ValueErrors where they need no guard on symbolic sizes."""
+    nd = len(input_shape)
+    if nd not in (dims + 1, dims + 2):
+        raise ValueError(
+            f"baracuda::{op}: expected a {dims + 1}-D or {dims + 2}-D input, got shape {list(input_shape)}"
+        )
+    if len(kernel_size) != dims:
+        raise ValueError(f"baracuda::{op}: kernel_size must have {dims} entries, got {list(kernel_size)}")
+    if len(output_size) != dims:
+        raise ValueError(f"baracuda::{op}: output_size must have {dims} entries, got {list(output_size)}")
+    for axis, size, k, out in zip(_AXES[dims], input_shape[nd - dims:], kernel_size, output_size):
+        if all(isinstance(v, int) for v in (size, k, out)) and out + k - 1 > size:
+            raise ValueError(
+                f"baracuda::{op}: output_size {out} + kernel_size {k} - 1 > input {axis} {size} "
+                f"(need output_size + kernel_size - 1 <= input size)"
+            )
+    return list(input_shape[: nd - dims]) + list(output_size)
+
+
+def _register(dims: int) -> None:
+    name = f"fractional_max_pool{dims}d"
+    bname = f"{name}_backward"
+
+    @torch.library.register_fake(f"baracuda::{name}")
+    def _fake(x, kernel_size, output_size, random_samples):
+        shape = _output_shape(name, dims, x.shape, kernel_size, output_size)
+        return x.new_empty(shape), x.new_empty(shape, dtype=torch.int64)
+
+    @torch.library.register_fake(f"baracuda::{name}.out")
+    def _out_fake(x, kernel_size, output_size, random_samples, *, output, indices):
+        return None
+
+    @torch.library.register_fake(f"baracuda::{bname}")
+    def _backward_fake(grad_output, x, kernel_size, output_size, indices):
+        _output_shape(bname, dims, x.shape, kernel_size, output_size)
+        return x.new_empty(x.shape)
+
+    @torch.library.register_fake(f"baracuda::{bname}.out")
+    def _backward_out_fake(grad_output, x, kernel_size, output_size, indices, *, grad_input, workspace):
+        return None
+
+    def setup_context(ctx, inputs, output):
+        x, kernel_size, output_size, _ = inputs
+        _, indices = output
+        ctx.save_for_backward(x, indices)
+        ctx.kernel_size = kernel_size
+        ctx.output_size = output_size
+        ctx.mark_non_differentiable(indices)
+
+    def backward(ctx, grad_output, _grad_indices):
+        x, indices = ctx.saved_tensors
+        grad_input = getattr(torch.ops.baracuda, bname)(grad_output, x, ctx.kernel_size, ctx.output_size, indices)
+        return grad_input, None, None, None
+
+    def backward_setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[4])
+
+    def double_backward(ctx, grad_grad_input):
+        # grad_input[idx[o]] += grad_output[o] is linear in grad_output: its
+        # adjoint reads grad_grad_input at idx[o].
+        (indices,) = ctx.saved_tensors
+        flat = grad_grad_input.flatten(-dims).gather(-1, indices.flatten(-dims))
+        return flat.view_as(indices), None, None, None, None
+
+    torch.library.register_autograd(f"baracuda::{name}", backward, setup_context=setup_context)
+    torch.library.register_autograd(f"baracuda::{bname}", double_backward, setup_context=backward_setup_context)
+
+
+_register(2)
+_register(3)
+
+
+# --------------------------------------------------------------------------- Plan API
+
+
+@dataclass(frozen=True)
+class _FractionalMaxPoolDescriptor:
+    input_shape: tuple[int, ...]
+    kernel_size: tuple[int, ...]
+    output_size: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device | str = "cpu"
+
+    dims: ClassVar[int]
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """Shape of the output, the indices and grad_output."""
+        with plan_errors():
+            return tuple(_output_shape(f"fractional_max_pool{self.dims}d", self.dims, self.input_shape,
+                                       self.kernel_size, self.output_size))
+
+    @property
+    def samples_shape(self) -> tuple[int, ...]:
+        batch = self.input_shape[0] if len(self.input_shape) == self.dims + 2 else 1
+        return (batch, self.input_shape[-self.dims - 1], self.dims)
+
+    def problem(self) -> list[int]:
+        """``[dims, input ndim, *input_shape, *kernel_size, *output_size]``: the kernel choice's input."""
+        return [self.dims, len(self.input_shape), *self.input_shape, *self.kernel_size, *self.output_size]
+
+
+@dataclass(frozen=True)
+class FractionalMaxPool2dDescriptor(_FractionalMaxPoolDescriptor):
+    """input_shape [C, H, W] or [N, C, H, W]; kernel_size and output_size (H, W)."""
+
+    dims: ClassVar[int] = 2
+
+
+@dataclass(frozen=True)
+class FractionalMaxPool3dDescriptor(_FractionalMaxPoolDescriptor):
+    """input_shape [C, T, H, W] or [N, C, T, H, W]; kernel_size and output_size (T, H, W)."""
+
+    dims: ClassVar[int] = 3
+
+
+@dataclass
+class FractionalMaxPoolArgs:
+    input: torch.Tensor
+    random_samples: torch.Tensor
+    output: torch.Tensor
+    indices: torch.Tensor
+
+
+@dataclass
+class FractionalMaxPoolBackwardArgs:
+    grad_output: torch.Tensor
+    input: torch.Tensor
+    indices: torch.Tensor
+    grad_input: torch.Tensor
+
+
+class _FractionalMaxPoolPlanBase(Plan):
+    index_dtype = torch.int64
+    dims: ClassVar[int]
+    descriptor: ClassVar[type]
+
+    @classmethod
+    def select(cls, desc: _FractionalMaxPoolDescriptor, pref: PlanPreference = PlanPreference()):
+        if not isinstance(desc, cls.descriptor):
+            raise InvalidProblemError(f"baracuda::{cls.op}: expected a {cls.descriptor.__name__}, got {desc!r}")
+        desc.output_shape  # validates
+        if desc.dtype not in _FLOATS:
+            raise InvalidProblemError(
+                f"baracuda::{cls.op}: dtype must be float16, bfloat16, float32 or float64, got {desc.dtype}"
+            )
+        return cls(desc, pref, desc.problem())
+
+
+class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
+    """Writes the pooled output and the int64 per-plane indices into ``args``."""
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        # A selection, not arithmetic: exact in every dtype.
+        return PrecisionGuarantee(self.desc.dtype, self.desc.dtype, True, True)
+
+    def can_implement(self, args: FractionalMaxPoolArgs) -> None:
+        d = self.desc
+        self._check_tensor("input", args.input, d.input_shape, d.dtype)
+        self._check_tensor("random_samples", args.random_samples, d.samples_shape, d.dtype)
+        self._check_tensor("output", args.output, d.output_shape, d.dtype)
+        self._check_tensor("indices", args.indices, d.output_shape, torch.int64)
+
+    def run(self, args: FractionalMaxPoolArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        d = self.desc
+        with plan_errors():
+            getattr(torch.ops.baracuda, self.op).out(
+                args.input, list(d.kernel_size), list(d.output_size), args.random_samples,
+                output=args.output, indices=args.indices,
+            )
+
+
+class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
+    """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic, no atomics)."""
+
+    def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:
+        d = self.desc
+        self._check_tensor("grad_output", args.grad_output, d.output_shape, d.dtype)
+        self._check_tensor("input", args.input, d.input_shape, d.dtype)
+        self._check_tensor("indices", args.indices, d.output_shape, torch.int64)
+        self._check_tensor("grad_input", args.grad_input, d.input_shape, d.dtype)
+
+    def run(self, args: FractionalMaxPoolBackwardArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        buffer = self._workspace(workspace)
+        d = self.desc
+        with plan_errors():
+            getattr(torch.ops.baracuda, self.op).out(
+                args.grad_output, args.input, list(d.kernel_size), list(d.output_size), args.indices,
+                grad_input=args.grad_input, workspace=buffer,
+            )
+
+
+class FractionalMaxPool2dPlan(_FractionalMaxPoolPlan):
+    op = "fractional_max_pool2d"
+    dims = 2
+    descriptor = FractionalMaxPool2dDescriptor
+
+
+class FractionalMaxPool2dBackwardPlan(_FractionalMaxPoolBackwardPlan):
+    op = "fractional_max_pool2d_backward"
+    dims = 2
+    descriptor = FractionalMaxPool2dDescriptor
+
+
+class FractionalMaxPool3dPlan(_FractionalMaxPoolPlan):
+    op = "fractional_max_pool3d"
+    dims = 3
+    descriptor = FractionalMaxPool3dDescriptor
+
+
+class FractionalMaxPool3dBackwardPlan(_FractionalMaxPoolBackwardPlan):
+    op = "fractional_max_pool3d_backward"
+    dims = 3
+    descriptor = FractionalMaxPool3dDescriptor
+
+
+# --------------------------------------------------------------------------- self-check and benchmarks
+
+
+def _torch_functional(dims: int):
+    return F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
+
+
+def self_checks():
+    from ..bench import SelfCheck
+
+    def forward(dims, dtype):
+        def run(device):
+            shape = (2, 3, 23, 19) if dims == 2 else (2, 3, 9, 11, 10)
+            k, out = ((3, 2), (10, 12)) if dims == 2 else ((2, 3, 2), (5, 6, 7))
+            x = torch.randn(shape, device=device).to(dtype)
+            s = torch.rand(2, 3, dims, device=device).to(dtype)
+            y, i = _functional(dims, x, k, out, None, True, s)
+            ry, ri = _torch_functional(dims)(x, k, output_size=out, _random_samples=s, return_indices=True)
+            assert torch.equal(i, ri) and torch.equal(y, ry), "output or indices != PyTorch's"
+
+        return run
+
+    def backward(dims, dtype):
+        def run(device):
+            shape = (2, 3, 23, 19) if dims == 2 else (2, 3, 9, 11, 10)
+            k, out = ((3, 3), (12, 10)) if dims == 2 else ((3, 3, 3), (5, 6, 7))
+            x = torch.randn(shape, device=device).to(dtype)
+            s = torch.rand(2, 3, dims, device=device).to(dtype)
+            y, i = _functional(dims, x, k, out, None, True, s)
+            g = torch.randn_like(y)
+            ours = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")(g, x, k, out, i)
+            ref = torch.zeros(x.shape, dtype=torch.float64, device=device).flatten(-dims)
+            ref.scatter_add_(-1, i.flatten(-dims), g.double().flatten(-dims))
+            tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6)
+            torch.testing.assert_close(ours.double(), ref.view(x.shape), rtol=tol, atol=tol)
+
+        return run
+
+    return [SelfCheck(f"fractional_max_pool{n}d", d, forward(n, d)) for n in (2, 3) for d in _FLOATS] + [
+        SelfCheck(f"fractional_max_pool{n}d_backward", d, backward(n, d)) for n in (2, 3) for d in _FLOATS
+    ]
+
+
+def benchmarks(device: torch.device, full: bool):
+    from ..bench import BenchCase
+
+    # (input shape, output size, kernel size)
+    shapes = [((64, 64, 112, 112), (56, 56), 3), ((8, 32, 32, 64, 64), (16, 32, 32), 2)]
+    if full:
+        shapes = [((64, 64, 112, 112), (56, 56), 2), ((64, 64, 112, 112), (56, 56), 3),
+                  ((32, 128, 56, 56), (40, 40), 3), ((8, 32, 32, 64, 64), (16, 32, 32), 2)]
+    if device.type == "cpu":  # keep the CPU run short
+        shapes = [((2, 16, 56, 56), (28, 28), 3), ((1, 8, 16, 32, 32), (8, 16, 16), 2)]
+    cases = []
+    for shape, out, k in shapes:
+        dims = len(out)
+        kernel = [k] * dims
+        torch_fn = _torch_functional(dims)
+        ours_fw = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d")
+        ours_bw = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")
+        aten_bw = getattr(torch.ops.aten, f"fractional_max_pool{dims}d_backward")
+        for dtype in (torch.float32, torch.bfloat16):
+            size = torch.tensor([], dtype=dtype).element_size()
+            in_numel = math.prod(shape)
+            out_numel = math.prod(shape[:-dims]) * math.prod(out)
+            tag = f"{list(shape)}->{tuple(out)} k={k} {str(dtype).replace('torch.', '')}"
+
+            def fwd_inputs(shape=shape, dims=dims, dtype=dtype):
+                x = torch.randn(shape, device=device, dtype=dtype)
+                return x, torch.rand(shape[0], shape[1], dims, device=device, dtype=dtype)
+
+            def bwd_inputs(shape=shape, dims=dims, dtype=dtype, out=out, kernel=kernel, torch_fn=torch_fn):
+                x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+                s = torch.rand(shape[0], shape[1], dims, device=device, dtype=dtype)
+                y, i = torch_fn(x, kernel, output_size=out, _random_samples=s, return_indices=True)
+                return torch.randn_like(y), x, y, i, x.detach()
+
+            def torch_forward(x, s, torch_fn=torch_fn, kernel=kernel, out=out):
+                return torch_fn(x, kernel, output_size=out, _random_samples=s, return_indices=True)
+
+            cases.append(BenchCase(
+                "fractional_max_pool", f"fractional_max_pool{dims}d {tag}",
+                (in_numel + out_numel) * size + out_numel * 8, fwd_inputs,
+                ours=lambda x, s, f=ours_fw, kernel=kernel, out=out: f(x, kernel, list(out), s),
+                peers={"eager": torch_forward},
+                compile_peer=torch_forward,
+            ))
+            cases.append(BenchCase(
+                "fractional_max_pool", f"fractional_max_pool{dims}d_backward {tag}",
+                (in_numel + out_numel) * size + out_numel * 8, bwd_inputs,
+                ours=lambda g, x, y, i, xd, f=ours_bw, kernel=kernel, out=out: f(g, xd, kernel, list(out), i),
+                peers={"eager": lambda g, x, y, i, xd: torch.autograd.grad(y, x, g, retain_graph=True)},
+                compile_peer=lambda g, x, y, i, xd, f=aten_bw, kernel=kernel, out=out: f(g, xd, kernel, list(out), i),
+            ))
+    return cases

@@ -1,0 +1,170 @@
+// fractional_max_pool family (2d and 3d), CPU kernels.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "baracuda/checks.h"
+#include "baracuda/dispatch.h"
+#include "baracuda/fractional_max_pool.h"
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+// Forward, one plane at a time: the window starts of each axis from the plane's
+// samples (computed in scalar_t, as PyTorch's CPU kernel does), then for every
+// output cell the first maximum of its k_T x k_H x k_W window (NaN wins).
+template <typename scalar_t>
+void fmp_forward_planes(const FmpGeometry& g, const scalar_t* x, const scalar_t* samples, scalar_t* y,
+                        int64_t* idx) {
+  const int dims = g.dims;
+  const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
+  at::parallel_for(0, g.planes(), std::max<int64_t>(1, 16384 / std::max<int64_t>(1, out_plane)),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> start[3];
+    for (int64_t p = begin; p < end; ++p) {
+      for (int a = 0; a < 3; ++a) {
+        const scalar_t u = g.sample_slot[a] < 0 ? scalar_t(0) : samples[p * dims + g.sample_slot[a]];
+        start[a].resize(g.out[a]);
+        for (int64_t i = 0; i < g.out[a]; ++i) start[a][i] = fmp_start<scalar_t>(u, i, g.in[a], g.out[a], g.k[a]);
+      }
+      const scalar_t* xp = x + p * in_plane;
+      int64_t o = p * out_plane;
+      for (int64_t ot = 0; ot < g.out[0]; ++ot) {
+        for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+          for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
+            const int64_t t0 = start[0][ot], h0 = start[1][oh], w0 = start[2][ow];
+            scalar_t best = -std::numeric_limits<scalar_t>::infinity();
+            int64_t best_index = (t0 * g.in[1] + h0) * g.in[2] + w0;
+            for (int64_t t = t0; t < t0 + g.k[0]; ++t) {
+              for (int64_t h = h0; h < h0 + g.k[1]; ++h) {
+                const int64_t row = (t * g.in[1] + h) * g.in[2];
+                for (int64_t w = w0; w < w0 + g.k[2]; ++w) {
+                  const scalar_t v = xp[row + w];
+                  if (v > best || std::isnan(static_cast<double>(v))) {
+                    best = v;
+                    best_index = row + w;
+                  }
+                }
+              }
+            }
+            y[o] = best;
+            idx[o] = best_index;
+          }
+        }
+      }
+    }
+  });
+}
+
+// Backward, one plane at a time: dx[idx[o]] += dy[o] for o in increasing order
+// (PyTorch's order), accumulated in acc_t and rounded once. Deterministic: a
+// plane is never split between threads.
+template <typename scalar_t, typename acc_t>
+void fmp_backward_planes(const FmpGeometry& g, const scalar_t* dy, const int64_t* idx,
+                         scalar_t* dx) {
+  const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
+  at::parallel_for(0, g.planes(), std::max<int64_t>(1, 16384 / std::max<int64_t>(1, in_plane + out_plane)),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> acc(in_plane);
+    for (int64_t p = begin; p < end; ++p) {
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      const scalar_t* dyp = dy + p * out_plane;
+      const int64_t* ip = idx + p * out_plane;
+      for (int64_t o = 0; o < out_plane; ++o) {
+        const int64_t i = ip[o];
+        TORCH_CHECK_INDEX(i >= 0 && i < in_plane, fmp_op_name(g.dims, true), ": indices value ", i,
+                          " is out of range for an input plane of ", in_plane, " elements");
+        acc[i] += static_cast<acc_t>(dyp[o]);
+      }
+      scalar_t* dxp = dx + p * in_plane;
+      for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<scalar_t>(acc[i]);
+    }
+  });
+}
+
+template <int Dims>
+void fmp_out_cpu(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArrayRef output_size,
+                 const at::Tensor& random_samples, const at::Tensor& output, const at::Tensor& indices) {
+  const auto g = check_fmp_forward(Dims, self, kernel_size, output_size, random_samples);
+  check_fmp_forward_outs(Dims, self, output_size, output, indices);
+  if (output.numel() == 0) return;
+  const auto x = self.contiguous();
+  const auto s = random_samples.contiguous();
+  BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cpu", [&] {
+    fmp_forward_planes<scalar_t>(g, x.const_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(),
+                                 output.mutable_data_ptr<scalar_t>(), indices.mutable_data_ptr<int64_t>());
+  });
+}
+
+template <int Dims>
+std::tuple<at::Tensor, at::Tensor> fmp_cpu(const at::Tensor& self, at::IntArrayRef kernel_size,
+                                           at::IntArrayRef output_size, const at::Tensor& random_samples) {
+  check_fmp_forward(Dims, self, kernel_size, output_size, random_samples);
+  const auto shape = fmp_output_shape(Dims, self.sizes(), output_size);
+  auto output = at::empty(shape, self.options());
+  auto indices = at::empty(shape, self.options().dtype(at::kLong));
+  fmp_out_cpu<Dims>(self, kernel_size, output_size, random_samples, output, indices);
+  return {output, indices};
+}
+
+template <int Dims>
+void fmp_backward_out_cpu(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                          at::IntArrayRef output_size, const at::Tensor& indices, const at::Tensor& grad_input,
+                          const at::Tensor& workspace) {
+  const auto g = check_fmp_backward(Dims, grad_output, self, kernel_size, output_size, indices);
+  check_fmp_grad_input(Dims, self, grad_input);
+  (void)workspace;  // the CPU kernel needs no caller scratch
+  if (grad_input.numel() == 0) return;
+  const auto dy = grad_output.contiguous();
+  const auto idx = indices.contiguous();
+  BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_backward_cpu", [&] {
+    fmp_backward_planes<scalar_t, acc_t>(g, dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
+                                         grad_input.mutable_data_ptr<scalar_t>());
+  });
+}
+
+template <int Dims>
+at::Tensor fmp_backward_cpu(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef kernel_size,
+                            at::IntArrayRef output_size, const at::Tensor& indices) {
+  check_fmp_backward(Dims, grad_output, self, kernel_size, output_size, indices);
+  auto grad_input = at::empty(self.sizes(), self.options());
+  auto workspace = at::empty({0}, self.options().dtype(at::kByte));
+  fmp_backward_out_cpu<Dims>(grad_output, self, kernel_size, output_size, indices, grad_input, workspace);
+  return grad_input;
+}
+
+// problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
+KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType) {
+  fmp_geometry_of_problem("baracuda::fractional_max_pool", problem);
+  return {"cpu_plane_window_max", 0};
+}
+KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
+  fmp_geometry_of_problem("baracuda::fractional_max_pool_backward", problem);
+  return {"cpu_plane_ordered_scatter", 0};
+}
+
+BARACUDA_REGISTER_VARIANT("fractional_max_pool2d", c10::DeviceType::CPU, fmp_choice);
+BARACUDA_REGISTER_VARIANT("fractional_max_pool3d", c10::DeviceType::CPU, fmp_choice);
+BARACUDA_REGISTER_VARIANT("fractional_max_pool2d_backward", c10::DeviceType::CPU, fmp_backward_choice);
+BARACUDA_REGISTER_VARIANT("fractional_max_pool3d_backward", c10::DeviceType::CPU, fmp_backward_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
+  m.impl("fractional_max_pool2d", &baracuda::fmp_cpu<2>);
+  m.impl("fractional_max_pool2d.out", &baracuda::fmp_out_cpu<2>);
+  m.impl("fractional_max_pool2d_backward", &baracuda::fmp_backward_cpu<2>);
+  m.impl("fractional_max_pool2d_backward.out", &baracuda::fmp_backward_out_cpu<2>);
+  m.impl("fractional_max_pool3d", &baracuda::fmp_cpu<3>);
+  m.impl("fractional_max_pool3d.out", &baracuda::fmp_out_cpu<3>);
+  m.impl("fractional_max_pool3d_backward", &baracuda::fmp_backward_cpu<3>);
+  m.impl("fractional_max_pool3d_backward.out", &baracuda::fmp_backward_out_cpu<3>);
+}

@@ -1,0 +1,468 @@
+import random as pyrandom
+
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+import baracuda_ops
+from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison, random
+
+
+def _fw(dims):
+    return getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d")
+
+
+def _bw(dims):
+    return getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")
+
+
+def _torch(dims, x, k, out, s):
+    f = F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
+    return f(x, k, output_size=out, _random_samples=s, return_indices=True)
+
+
+def _samples(x, dims):
+    n = 1 if x.dim() == dims + 1 else x.shape[0]
+    return torch.rand(n, x.shape[-dims - 1], dims, device=x.device).to(x.dtype)
+
+
+def _scatter_reference(grad, indices, shape, dims):
+    """float64 dx[idx[o]] += dy[o] per plane."""
+    ref = torch.zeros(shape, dtype=torch.float64, device=grad.device).flatten(-dims)
+    ref.scatter_add_(-1, indices.flatten(-dims), grad.double().flatten(-dims))
+    return ref.view(shape)
+
+
+def _sweep(dims, n, seed):
+    """Random (input shape, kernel, output) problems PyTorch accepts, and the edge cases:
+    output size 1, kernel == input, out + k - 1 == in (2d; PyTorch's 3d refuses it), unbatched."""
+    rng = pyrandom.Random(seed)
+    cases = []
+    if dims == 2:
+        cases += [((2, 3, 7, 9), (7, 9), (1, 1)), ((3, 6, 5), (2, 3), (5, 3)), ((1, 2, 12, 12), (3, 3), (10, 1)),
+                  ((2, 1, 31, 17), (1, 2), (31, 16))]
+    else:
+        cases += [((2, 2, 5, 6, 7), (5, 6, 7), (0, 0, 0)), ((2, 3, 6, 5, 9), (2, 2, 3), (4, 3, 6)),
+                  ((3, 4, 4, 5), (1, 2, 1), (1, 2, 3))]
+    while len(cases) < n:
+        spatial = [rng.randint(2, 40 if dims == 2 else 11) for _ in range(dims)]
+        k = [rng.randint(1, max(1, s // 2)) for s in spatial]
+        strict = 1 if dims == 3 else 0
+        out = [rng.randint(1, s - kk + 1 - strict) if s - kk + 1 - strict >= 1 else -1 for s, kk in zip(spatial, k)]
+        if min(out) < 1:
+            continue
+        lead = [rng.randint(1, 4)] if rng.random() < 0.3 else [rng.randint(1, 3), rng.randint(1, 4)]
+        cases.append((tuple(lead + spatial), tuple(k), tuple(out)))
+    return [c for c in cases if min(c[2]) > 0]
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_bit_exact_sweep(device, dims, dtype):
+    for shape, k, out in _sweep(dims, 24, seed=dims * 10 + FLOAT_DTYPES.index(dtype)):
+        x = random(shape, dtype, device)
+        s = _samples(x, dims)
+        y, i = baracuda_ops.__dict__[f"fractional_max_pool{dims}d"](x, k, out, return_indices=True, _random_samples=s)
+        ry, ri = _torch(dims, x, k, out, s)
+        assert torch.equal(i, ri), (shape, k, out)
+        assert torch.equal(y, ry), (shape, k, out)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_3d_tight_fit_equals_2d(device, dtype):
+    # out + k - 1 == in on every axis, which PyTorch's 3d refuses: a T=1 input pools
+    # like the 2d op on [H, W] with the (H, W) samples (2d order: W, H).
+    x = random((2, 3, 9, 8), dtype, device)
+    s3 = _samples(x[:, :, None], 3)
+    y, i = _fw(3)(x[:, :, None], [1, 3, 2], [1, 7, 7], s3)
+    ry, ri = _torch(2, x, (3, 2), (7, 7), s3[..., [2, 1]].contiguous())
+    assert torch.equal(y[:, :, 0], ry) and torch.equal(i[:, :, 0], ri)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_ties_nan_inf(device, dims, dtype):
+    shape, k, out = ((2, 3, 13, 11), (3, 2), (6, 7)) if dims == 2 else ((2, 2, 7, 8, 6), (2, 3, 2), (4, 4, 4))
+    x = torch.randint(0, 3, shape, device=device).to(dtype)  # many ties: first max wins
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::11] = float("-inf")
+    x[..., :3] = float("-inf")  # whole windows of -inf
+    s = _samples(x, dims)
+    y, i = _fw(dims)(x, list(k), list(out), s)
+    ry, ri = _torch(dims, x, k, out, s)
+    assert torch.equal(i, ri)
+    torch.testing.assert_close(y, ry, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_forward_non_contiguous_and_zero_size(device, dims):
+    shape = (3, 4, 17, 15) if dims == 2 else (3, 4, 9, 10, 8)
+    base = random(shape, torch.float32, device)
+    k, out = ((2, 3), (9, 7)) if dims == 2 else ((2, 2, 3), (4, 5, 3))
+    s_base = torch.rand(4, 3, dims, device=device)
+    for x in (base.transpose(-1, -2).contiguous().transpose(-1, -2), base[::2], base[:, 1:]):
+        s = s_base.transpose(0, 1)[: x.shape[0], : x.shape[1]]  # non-contiguous samples
+        y, i = _fw(dims)(x, list(k), list(out), s)
+        ry, ri = _torch(dims, x, k, out, s.contiguous())
+        assert torch.equal(y, ry) and torch.equal(i, ri)
+    empty = random((0,) + shape[1:], torch.float32, device)
+    y, i = _fw(dims)(empty, list(k), list(out), torch.rand(0, shape[1], dims, device=device))
+    assert y.shape == (0, shape[1]) + out and i.dtype == torch.int64
+    y, i = _fw(dims)(base, list(k), [0] * dims, torch.rand(3, 4, dims, device=device))
+    assert y.shape == shape[:2] + (0,) * dims
+    dx = _bw(dims)(y, base, list(k), [0] * dims, i)
+    assert torch.equal(dx, torch.zeros_like(base))
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_matches_scatter_reference(device, dims, dtype):
+    # Overlapping windows (k > stride): several outputs can pick the same input.
+    shape, k, out = ((2, 3, 17, 14), (3, 4), (10, 8)) if dims == 2 else ((2, 2, 9, 8, 7), (3, 2, 3), (5, 6, 4))
+    x = random(shape, dtype, device, requires_grad=True)
+    y, i = baracuda_ops.__dict__[f"fractional_max_pool{dims}d"](x, k, out, return_indices=True,
+                                                             _random_samples=_samples(x, dims))
+    g = random(y.shape, dtype, device)
+    (dx,) = torch.autograd.grad(y, x, g)
+    assert_close(dx, _scatter_reference(g, i, shape, dims), scale=2.0)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_float64_bit_equal_to_pytorch(device, dims):
+    # k <= stride: no two windows share an input, so no sums collide.
+    shape, k, out = ((2, 3, 20, 18), (2, 2), (10, 9)) if dims == 2 else ((2, 2, 8, 10, 6), (2, 2, 2), (4, 5, 3))
+    x = random(shape, torch.float64, device, requires_grad=True)
+    s = _samples(x, dims)
+    y, _ = _fw(dims)(x, list(k), list(out), s)
+    ry, _ = _torch(dims, x, k, out, s)
+    g = random(y.shape, torch.float64, device)
+    (dx,) = torch.autograd.grad(y, x, g)
+    (rdx,) = torch.autograd.grad(ry, x, g)
+    assert torch.equal(dx, rdx)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_of_arbitrary_indices(device, dims):
+    # Indices not made by the forward (anywhere in the plane, with repeats): on CUDA
+    # these miss the searched windows and take the full-plane path.
+    shape, out = ((2, 3, 12, 10), (5, 4)) if dims == 2 else ((2, 2, 5, 6, 4), (2, 3, 2))
+    plane = 1
+    for s in shape[-dims:]:
+        plane *= s
+    x = random(shape, torch.float64, device)
+    indices = torch.randint(0, plane, shape[:2] + out, device=device)
+    indices[0, 0].view(-1)[:3] = 5
+    g = random(indices.shape, torch.float64, device)
+    dx = _bw(dims)(g, x, [2] * dims, list(out), indices)
+    assert_close(dx, _scatter_reference(g, indices, shape, dims))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_backward_bit_identical_twice_and_deterministic_mode(device, dtype):
+    x = random((4, 8, 56, 56), dtype, device, requires_grad=True)
+    s = _samples(x, 2)
+    g = None
+    results = []
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # PyTorch's own CUDA backward refuses to run here
+    try:
+        for _ in range(2):
+            y = baracuda_ops.fractional_max_pool2d(x, 3, output_size=(40, 40), _random_samples=s)
+            g = random(y.shape, dtype, device) if g is None else g
+            (dx,) = torch.autograd.grad(y, x, g)
+            results.append(dx)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert torch.equal(results[0].view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       results[1].view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    _, i = _fw(2)(x.detach(), [3, 3], [40, 40], s)
+    assert_close(results[0], _scatter_reference(g, i, x.shape, 2), scale=2.0)
+
+
+def test_gradcheck_and_gradgradcheck(device):
+    x2 = random((2, 2, 9, 8), torch.float64, device, requires_grad=True)
+    s2 = _samples(x2, 2)
+    f2 = lambda t: baracuda_ops.fractional_max_pool2d(t, (3, 2), (5, 6), _random_samples=s2)
+    assert torch.autograd.gradcheck(f2, (x2,))
+    assert torch.autograd.gradgradcheck(f2, (x2,))
+    x3 = random((2, 5, 6, 7), torch.float64, device, requires_grad=True)
+    s3 = _samples(x3, 3)
+    assert torch.autograd.gradcheck(
+        lambda t: baracuda_ops.fractional_max_pool3d(t, 2, (3, 4, 5), _random_samples=s3), (x3,))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_opcheck(device, requires_grad, dims):
+    problems = ([((2, 3, 10, 9), [3, 2], [6, 7]), ((3, 7, 7), [2, 2], [6, 6])] if dims == 2
+                else [((2, 2, 6, 7, 5), [2, 3, 2], [4, 4, 3]), ((3, 5, 4, 6), [1, 2, 2], [4, 3, 5])])
+    for shape, k, out in problems:
+        x = random(shape, torch.float32, device, requires_grad=requires_grad)
+        s = _samples(x, dims)
+        opcheck(_fw(dims).default, (x, k, out, s))
+        _, i = _fw(dims)(x.detach(), k, out, s)
+        g = random(i.shape, torch.float32, device, requires_grad=requires_grad)
+        opcheck(_bw(dims).default, (g, x, k, out, i))
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_opcheck_out_variants(device, dims):
+    shape, k, out = ((2, 3, 10, 9), [3, 2], [6, 7]) if dims == 2 else ((2, 2, 6, 7, 5), [2, 3, 2], [4, 4, 3])
+    x = random(shape, torch.float32, device)
+    s = _samples(x, dims)
+    oshape = shape[:2] + tuple(out)
+    y = torch.empty(oshape, device=device)
+    i = torch.empty(oshape, dtype=torch.int64, device=device)
+    opcheck(_fw(dims).out, (x, k, out, s), {"output": y, "indices": i})
+    _, i = _fw(dims)(x, k, out, s)  # opcheck ran the out variant on copies
+    g = random(oshape, torch.float32, device)
+    gi = torch.empty(shape, device=device)
+    desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, tuple(k), tuple(out), torch.float32,
+                                                                      device)
+    ws = torch.empty(getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc).workspace_size(),
+                     dtype=torch.uint8, device=device)
+    opcheck(_bw(dims).out, (g, x, k, out, i), {"grad_input": gi, "workspace": ws})
+
+
+def test_compile_fullgraph_dynamic_matches_eager(device):
+    s2 = torch.rand(2, 3, 2, device=device)
+    s3 = torch.rand(2, 3, 3, device=device)
+
+    def fn(x, v):
+        a = baracuda_ops.fractional_max_pool2d(x * 2, 3, output_size=(5, 4), _random_samples=s2)
+        b = baracuda_ops.fractional_max_pool3d(v, 2, output_size=(2, 3, 3), _random_samples=s3)
+        return a.sin(), b * 3
+
+    check_compile_matches_eager(fn, [random((2, 3, 9, 8), torch.float32, device, requires_grad=True),
+                                     random((2, 3, 5, 6, 4), torch.float32, device, requires_grad=True)])
+    check_compile_matches_eager(fn, [random((2, 3, 11, 7), torch.float32, device, requires_grad=True),
+                                     random((2, 3, 6, 5, 5), torch.float32, device, requires_grad=True)])
+
+
+# ---------------------------------------------------------------------------- modules and functional
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_modules_match_torch_under_same_seed(device, dims):
+    ours_cls = getattr(baracuda_ops.nn, f"FractionalMaxPool{dims}d")
+    torch_cls = getattr(torch.nn, f"FractionalMaxPool{dims}d")
+    shape = (2, 3, 21, 18) if dims == 2 else (2, 3, 9, 10, 11)
+    for x, kwargs in ((random(shape, torch.float32, device), {"output_ratio": 0.5}),
+                      (random(shape[1:], torch.float32, device), {"output_size": 4, "return_indices": True})):
+        torch.manual_seed(7)
+        a = ours_cls(2, **kwargs)(x)
+        torch.manual_seed(7)
+        b = torch_cls(2, **kwargs)(x)
+        for p, q in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert torch.equal(p, q)
+
+
+def test_functional_errors_like_torch():
+    x = torch.randn(1, 2, 8, 8)
+    with pytest.raises(ValueError, match="requires specifying either an output_size or an output_ratio"):
+        baracuda_ops.fractional_max_pool2d(x, 2)
+    with pytest.raises(ValueError, match="output_ratio must have 2 entries"):
+        baracuda_ops.fractional_max_pool2d(x, 2, output_ratio=(0.5, 0.5, 0.5))
+
+
+# ---------------------------------------------------------------------------- Plan API
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plan_run_writes_every_element(device, dims, dtype):
+    shape, k, out = ((2, 3, 11, 13), (3, 2), (7, 8)) if dims == 2 else ((2, 2, 7, 6, 9), (2, 2, 3), (4, 3, 5))
+    desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
+    plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dPlan").select(desc)
+    x = random(shape, dtype, device)
+    s = random(desc.samples_shape, dtype, device).abs().fmod(1)
+    y = poison(torch.empty(desc.output_shape, dtype=dtype, device=device))
+    i = poison(torch.empty(desc.output_shape, dtype=torch.int64, device=device))
+    plan.run(baracuda_ops.FractionalMaxPoolArgs(x, s, y, i))
+    ry, ri = _torch(dims, x, k, out, s)
+    assert torch.equal(y, ry) and torch.equal(i, ri)
+    sku = plan.sku()
+    assert sku.op == f"fractional_max_pool{dims}d" and sku.index_dtype == torch.int64
+    assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else "window_max<i32>")
+    assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == dtype
+
+    bplan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+    g = random(desc.output_shape, dtype, device)
+    gi = poison(torch.empty(shape, dtype=dtype, device=device))
+    ws = baracuda_ops.Workspace.allocate(bplan.workspace_size(), device)
+    bplan.run(baracuda_ops.FractionalMaxPoolBackwardArgs(g, x, i, gi), ws)
+    assert torch.equal(gi, _bw(dims)(g, x, list(k), list(out), i))
+    assert bplan.precision_guarantee().accumulator_dtype == torch.float32
+    if device.type == "cpu":
+        assert bplan.sku().variant == "cpu_plane_ordered_scatter" and bplan.workspace_size() == 0
+    else:
+        assert bplan.sku().variant == "owner_gather<i32>+claim_check"
+        # one int32 claim count per block of 1024 input elements of each plane
+        planes, plane = shape[0] * shape[1], 1
+        for d in shape[2:]:
+            plane *= d
+        assert bplan.workspace_size() == planes * -(-plane // 1024) * 4
+        with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
+            bplan.run(baracuda_ops.FractionalMaxPoolBackwardArgs(g, x, i, gi), baracuda_ops.Workspace.allocate(1, device))
+        with pytest.raises(baracuda_ops.UnsupportedError):
+            type(bplan).select(desc, baracuda_ops.PlanPreference(max_workspace_bytes=0))
+
+
+def test_plan_errors(device):
+    desc = baracuda_ops.FractionalMaxPool2dDescriptor((2, 3, 10, 10), (2, 2), (5, 5), torch.float32, device)
+    plan = baracuda_ops.FractionalMaxPool2dPlan.select(desc)
+    x = random((2, 3, 10, 10), torch.float32, device)
+    s = torch.rand(2, 3, 2, device=device)
+    i = torch.empty(2, 3, 5, 5, dtype=torch.int64, device=device)
+    with pytest.raises(baracuda_ops.BufferTooSmallError):
+        plan.run(baracuda_ops.FractionalMaxPoolArgs(x, s, torch.empty(2, 3, 5, 4, device=device), i))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.FractionalMaxPoolArgs(x, s, torch.empty(2, 3, 5, 5, device=device), i.int()))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.FractionalMaxPoolArgs(x, s.double(), torch.empty(2, 3, 5, 5, device=device), i))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match=r"output_size 9 \+ kernel_size 3 - 1 > input"):
+        baracuda_ops.FractionalMaxPool2dPlan.select(
+            baracuda_ops.FractionalMaxPool2dDescriptor((2, 3, 10, 10), (3, 3), (9, 5), torch.float32, device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="float16, bfloat16"):
+        baracuda_ops.FractionalMaxPool3dBackwardPlan.select(
+            baracuda_ops.FractionalMaxPool3dDescriptor((3, 4, 4, 4), (2, 2, 2), (2, 2, 2), torch.int32, device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="expected a FractionalMaxPool3dDescriptor"):
+        baracuda_ops.FractionalMaxPool3dPlan.select(desc)
+
+
+# ---------------------------------------------------------------------------- schemas and errors
+
+
+class TestFractionalMaxPoolMessages(TestCase):
+    def test_schemas(self):
+        ops = [getattr(getattr(torch.ops.baracuda, f"fractional_max_pool{d}d{b}"), o)
+               for d in (2, 3) for b in ("", "_backward") for o in ("default", "out")]
+        self.assertExpectedInline(
+            "\n".join(str(op._schema) for op in ops),
+            """\
+baracuda::fractional_max_pool2d(Tensor self, int[2] kernel_size, SymInt[2] output_size, Tensor random_samples) -> (Tensor output, Tensor indices)
+baracuda::fractional_max_pool2d.out(Tensor self, int[2] kernel_size, SymInt[2] output_size, Tensor random_samples, *, Tensor(a!) output, Tensor(b!) indices) -> ()
+baracuda::fractional_max_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, SymInt[2] output_size, Tensor indices) -> Tensor
+baracuda::fractional_max_pool2d_backward.out(Tensor grad_output, Tensor self, int[2] kernel_size, SymInt[2] output_size, Tensor indices, *, Tensor(a!) grad_input, Tensor(b!) workspace) -> ()
+baracuda::fractional_max_pool3d(Tensor self, int[3] kernel_size, SymInt[3] output_size, Tensor random_samples) -> (Tensor output, Tensor indices)
+baracuda::fractional_max_pool3d.out(Tensor self, int[3] kernel_size, SymInt[3] output_size, Tensor random_samples, *, Tensor(a!) output, Tensor(b!) indices) -> ()
+baracuda::fractional_max_pool3d_backward(Tensor grad_output, Tensor self, int[3] kernel_size, SymInt[3] output_size, Tensor indices) -> Tensor
+baracuda::fractional_max_pool3d_backward.out(Tensor grad_output, Tensor self, int[3] kernel_size, SymInt[3] output_size, Tensor indices, *, Tensor(a!) grad_input, Tensor(b!) workspace) -> ()""",
+        )
+
+    def test_pool_too_large(self):
+        x = torch.randn(2, 3, 10, 8)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d(x, [3, 3], [5, 7], torch.rand(2, 3, 2)),
+            """baracuda::fractional_max_pool2d: output_size 7 + kernel_size 3 - 1 > input width 8 (need output_size + kernel_size - 1 <= input size)""",
+        )
+
+    def test_pool3d_too_large(self):
+        x = torch.randn(3, 4, 5, 6)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool3d(x, [2, 2, 2], [4, 2, 2], torch.rand(1, 3, 3)),
+            """baracuda::fractional_max_pool3d: output_size 4 + kernel_size 2 - 1 > input time 4 (need output_size + kernel_size - 1 <= input size)""",
+        )
+
+    def test_wrong_dims(self):
+        x = torch.randn(10, 8)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d(x, [2, 2], [4, 4], torch.rand(1, 1, 2)),
+            """baracuda::fractional_max_pool2d: expected a 3-D or 4-D input, got shape [10, 8]""",
+        )
+
+    def test_zero_kernel(self):
+        x = torch.randn(1, 2, 6, 6)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d(x, [0, 2], [4, 4], torch.rand(1, 2, 2)),
+            """baracuda::fractional_max_pool2d: kernel_size must be > 0, got [0, 2]""",
+        )
+
+    def test_samples_wrong_shape(self):
+        x = torch.randn(2, 3, 10, 8)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d(x, [2, 2], [4, 4], torch.rand(2, 3, 3)),
+            """baracuda::fractional_max_pool2d: random_samples shape [2, 3, 3] != expected [N >= 2, 3, 2]""",
+        )
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d(x, [2, 2], [4, 4], torch.rand(1, 3, 2)),
+            """baracuda::fractional_max_pool2d: random_samples shape [1, 3, 2] != expected [N >= 2, 3, 2]""",
+        )
+
+    def test_samples_wrong_dtype(self):
+        x = torch.randn(2, 3, 6, 5, 4)
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.fractional_max_pool3d(x, [2, 2, 2], [2, 2, 2], torch.rand(2, 3, 3).double()),
+            """baracuda::fractional_max_pool3d: random_samples dtype Double != self dtype Float""",
+        )
+
+    def test_integer_input(self):
+        x = torch.ones(2, 3, 6, 6, dtype=torch.int32)
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d(x, [2, 2], [3, 3], torch.rand(2, 3, 2)),
+            """baracuda::fractional_max_pool2d: self must be float16, bfloat16, float32 or float64, got Int""",
+        )
+
+    def test_indices_wrong_shape(self):
+        x = torch.randn(2, 3, 10, 8)
+        g = torch.randn(2, 3, 4, 4)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d_backward(
+                g, x, [2, 2], [4, 4], torch.zeros(2, 3, 4, 5, dtype=torch.int64)),
+            """baracuda::fractional_max_pool2d_backward: indices shape [2, 3, 4, 5] != expected [2, 3, 4, 4]""",
+        )
+
+    def test_indices_wrong_dtype(self):
+        x = torch.randn(3, 10, 8)
+        g = torch.randn(3, 4, 4)
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d_backward(
+                g, x, [2, 2], [4, 4], torch.zeros(3, 4, 4, dtype=torch.int32)),
+            """baracuda::fractional_max_pool2d_backward: indices dtype Int != expected Long""",
+        )
+
+    def test_grad_output_wrong_shape(self):
+        x = torch.randn(2, 3, 6, 6, 6)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.fractional_max_pool3d_backward(
+                torch.randn(2, 3, 3, 3, 2), x, [2, 2, 2], [3, 3, 3], torch.zeros(2, 3, 3, 3, 3, dtype=torch.int64)),
+            """baracuda::fractional_max_pool3d_backward: grad_output shape [2, 3, 3, 3, 2] != expected [2, 3, 3, 3, 3]""",
+        )
+
+    def test_index_out_of_range_cpu(self):
+        x = torch.randn(1, 1, 4, 4)
+        self.assertExpectedRaisesInline(
+            IndexError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d_backward(
+                torch.ones(1, 1, 2, 2), x, [2, 2], [2, 2], torch.tensor([[[[0, 1], [16, 3]]]])),
+            """baracuda::fractional_max_pool2d_backward: indices value 16 is out of range for an input plane of 16 elements""",
+        )
+
+    def test_output_dtype_mismatch(self):
+        x = torch.randn(2, 3, 6, 6)
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.fractional_max_pool2d.out(
+                x, [2, 2], [3, 3], torch.rand(2, 3, 2), output=torch.empty(2, 3, 3, 3),
+                indices=torch.empty(2, 3, 3, 3, dtype=torch.int32)),
+            """baracuda::fractional_max_pool2d: indices dtype Int != expected Long""",
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_mismatch_cuda():
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"random_samples is on cpu but self is on cuda:0"):
+        torch.ops.baracuda.fractional_max_pool2d(x, [2, 2], [4, 4], torch.rand(2, 3, 2))
