@@ -53,8 +53,8 @@ inline AlibiShape alibi_shape(const at::Tensor& scores) {
 
 // problem = [B, H, Q, K] (the Plan API's encoding).
 inline AlibiShape alibi_shape_of_problem(const char* op, c10::IntArrayRef problem) {
-  TORCH_CHECK_VALUE(problem.size() == 4, op, ": problem must be [B, H, Q, K], got ", problem);
-  for (const int64_t s : problem) TORCH_CHECK_VALUE(s >= 0, op, ": problem sizes must be >= 0, got ", problem);
+  TORCH_CHECK_VALUE(problem.size() == 4, op, ": problem must be [B, H, Q, K], got ", shape_str(problem));
+  for (const int64_t s : problem) TORCH_CHECK_VALUE(s >= 0, op, ": problem sizes must be >= 0, got ", shape_str(problem));
   return {problem[0], problem[1], problem[2], problem[3]};
 }
 

@@ -85,14 +85,14 @@ inline FmpGeometry fmp_geometry(const char* op, int dims, c10::IntArrayRef input
                                 c10::IntArrayRef kernel_size, c10::IntArrayRef output_size) {
   const int64_t nd = static_cast<int64_t>(input_shape.size());
   TORCH_CHECK_VALUE(nd == dims + 1 || nd == dims + 2, op, ": expected a ", dims + 1, "-D or ", dims + 2,
-                    "-D input, got shape ", input_shape);
+                    "-D input, got shape ", shape_str(input_shape));
   TORCH_CHECK_VALUE(static_cast<int>(kernel_size.size()) == dims, op, ": kernel_size must have ", dims,
-                    " entries, got ", kernel_size);
+                    " entries, got ", shape_str(kernel_size));
   TORCH_CHECK_VALUE(static_cast<int>(output_size.size()) == dims, op, ": output_size must have ", dims,
-                    " entries, got ", output_size);
+                    " entries, got ", shape_str(output_size));
   for (int64_t d = nd - dims - 1; d < nd; ++d) {
     TORCH_CHECK_VALUE(input_shape[d] > 0, op, ": expected non-zero channel and spatial sizes, got input shape ",
-                      input_shape);
+                      shape_str(input_shape));
   }
   FmpGeometry g;
   g.dims = dims;
@@ -106,8 +106,8 @@ inline FmpGeometry fmp_geometry(const char* op, int dims, c10::IntArrayRef input
     g.in[ax] = input_shape[nd - dims + a];
     g.k[ax] = kernel_size[a];
     g.out[ax] = output_size[a];
-    TORCH_CHECK_VALUE(g.k[ax] > 0, op, ": kernel_size must be > 0, got ", kernel_size);
-    TORCH_CHECK_VALUE(g.out[ax] >= 0, op, ": output_size must be >= 0, got ", output_size);
+    TORCH_CHECK_VALUE(g.k[ax] > 0, op, ": kernel_size must be > 0, got ", shape_str(kernel_size));
+    TORCH_CHECK_VALUE(g.out[ax] >= 0, op, ": output_size must be >= 0, got ", shape_str(output_size));
     TORCH_CHECK_VALUE(g.out[ax] + g.k[ax] - 1 <= g.in[ax], op, ": output_size ", g.out[ax], " + kernel_size ",
                       g.k[ax], " - 1 > input ", axis_names[ax], " ", g.in[ax],
                       " (need output_size + kernel_size - 1 <= input size)");
@@ -138,7 +138,7 @@ inline FmpGeometry check_fmp_forward(int dims, const at::Tensor& self, c10::IntA
                    samples.scalar_type(), " != self dtype ", self.scalar_type());
   TORCH_CHECK_VALUE(samples.dim() == 3 && samples.size(0) >= g.batch && samples.size(1) == g.channels &&
                         samples.size(2) == dims,
-                    op, ": random_samples shape ", samples.sizes(), " != expected [N >= ", g.batch, ", ",
+                    op, ": random_samples shape ", shape_str(samples.sizes()), " != expected [N >= ", g.batch, ", ",
                     g.channels, ", ", dims, "]");
   return g;
 }
@@ -181,7 +181,7 @@ inline void check_fmp_grad_input(int dims, const at::Tensor& self, const at::Ten
 inline FmpGeometry fmp_geometry_of_problem(const char* op, c10::IntArrayRef problem) {
   TORCH_CHECK_VALUE(problem.size() >= 2 && (problem[0] == 2 || problem[0] == 3) && problem[1] >= 0 &&
                         static_cast<int64_t>(problem.size()) == 2 + problem[1] + 2 * problem[0],
-                    op, ": malformed problem ", problem);
+                    op, ": malformed problem ", shape_str(problem));
   const int dims = static_cast<int>(problem[0]);
   const auto input_shape = problem.slice(2, problem[1]);
   const auto kernel_size = problem.slice(2 + problem[1], dims);
