@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch as _torch
+
 __all__: list[str] = []
 
 # ---------------------------------------------------------------------------- rms_norm
@@ -13,8 +15,6 @@ __all__: list[str] = []
 # (embedding_bag modules end)
 
 # ---------------------------------------------------------------------------- fractional_max_pool
-
-import torch as _torch  # noqa: E402
 
 from .ops.fractional_max_pool import fractional_max_pool2d as _fmp2d  # noqa: E402
 from .ops.fractional_max_pool import fractional_max_pool3d as _fmp3d  # noqa: E402
@@ -45,8 +45,6 @@ class FractionalMaxPool3d(_torch.nn.FractionalMaxPool3d):
 # (fractional_max_pool modules end)
 
 # ---------------------------------------------------------------------------- alibi
-
-import torch as _torch  # noqa: E402
 
 from .ops.alibi import alibi as _alibi, alibi_slopes as _alibi_slopes  # noqa: E402
 
