@@ -148,6 +148,8 @@ def _fake_geometry(weight, indices, offsets, mode, per_sample_weights, include_l
             raise ValueError(f"{op}: offsets are required when indices is 1-D")
         if offsets.dim() != 1:
             raise ValueError(f"{op}: offsets must be 1-D, got shape {list(offsets.shape)}")
+        if include_last_offset and offsets.shape[0] == 0:
+            raise ValueError(f"{op}: include_last_offset needs at least 1 offset, got 0")
         num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     else:
         raise ValueError(
