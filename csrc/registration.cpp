@@ -48,7 +48,31 @@ TORCH_LIBRARY(baracuda, m) {
   // (rms_norm schemas end)
 
   // embedding_bag
-
+  // bag_mode: 0 sum, 1 mean, 2 max; padding_idx: -1 none, else in [0, num_embeddings).
+  // offsets: None exactly when indices is 2-D [num_bags, bag_length]. max_positions: [B, D] in
+  // max mode (position in the flattened indices, -1 for an empty bag), [0] otherwise.
+  m.def(
+      "embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode=0, Tensor? per_sample_weights=None, "
+      "bool include_last_offset=False, int padding_idx=-1) -> "
+      "(Tensor output, Tensor offset2bag, Tensor bag_size, Tensor max_positions)");
+  m.def(
+      "embedding_bag.out(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode=0, "
+      "Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) output, "
+      "Tensor(b!) offset2bag, Tensor(c!) bag_size, Tensor(d!) max_positions) -> ()");
+  m.def(
+      "embedding_bag_backward(Tensor grad, Tensor indices, Tensor offset2bag, Tensor bag_size, "
+      "Tensor max_positions, SymInt num_weights, int bag_mode, Tensor? per_sample_weights=None, int padding_idx=-1) "
+      "-> Tensor");
+  m.def(
+      "embedding_bag_backward.out(Tensor grad, Tensor indices, Tensor offset2bag, Tensor bag_size, "
+      "Tensor max_positions, SymInt num_weights, int bag_mode, Tensor? per_sample_weights=None, int padding_idx=-1, *, "
+      "Tensor(a!) grad_weight, Tensor(b!) workspace) -> ()");
+  m.def(
+      "embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices, Tensor offset2bag, "
+      "int bag_mode, int padding_idx=-1) -> Tensor");
+  m.def(
+      "embedding_bag_per_sample_weights_backward.out(Tensor grad, Tensor weight, Tensor indices, "
+      "Tensor offset2bag, int bag_mode, int padding_idx=-1, *, Tensor(a!) grad_per_sample_weights) -> ()");
   // (embedding_bag schemas end)
 
   // fractional_max_pool

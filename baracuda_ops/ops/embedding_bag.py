@@ -1,0 +1,608 @@
+"""embedding_bag family: ``torch.nn.functional.embedding_bag`` with a deterministic backward.
+
+Ops (bag_mode: 0 sum, 1 mean, 2 max; ``padding_idx``: -1 for none, else in
+``[0, num_embeddings)``; ``offsets`` is None exactly when ``indices`` is 2-D):
+
+* ``embedding_bag(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
+  padding_idx) -> (output [B, D], offset2bag [N] int64, bag_size [B] int64, max_positions int64)``.
+  ``offset2bag[i]`` is the bag of flattened position ``i`` (-1 for positions in no bag),
+  ``bag_size[b]`` the number of non-padding entries of bag ``b``, ``max_positions`` ([B, D] in
+  max mode, else [0]) the position in the flattened indices whose weight gave ``output[b, d]``
+  (-1 for an empty bag). Empty bags give zeros in every mode; padding entries are left out of the
+  bag and of the mean's count; max keeps the first maximum (NaN only when it comes first), as
+  PyTorch.
+* ``embedding_bag_backward(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+  per_sample_weights, padding_idx) -> grad_weight [num_weights, D]`` (dense, every row written);
+  ``embedding_bag_per_sample_weights_backward(grad, weight, indices, offset2bag, bag_mode, padding_idx)``
+  -> the gradient of ``per_sample_weights`` (sum mode).
+
+Determinism: no floating-point atomics. The backward groups positions by row with a stable sort
+(CUDA: CUB radix sort of (row, position); CPU: counting sort) and sums each row's contributions in
+position order — on CUDA with fixed chunk/group partials for very frequent rows — so results are
+bit-identical run to run in every mode, including max.
+
+Bad values. On CPU an out-of-range or negative index (other than a valid padding_idx) raises
+IndexError, offsets that do not start at 0, decrease or pass the number of indices raise
+ValueError, before anything is written. On CUDA checking values would need a host sync, so the
+kernels instead never read or write out of bounds and *flag* the bag: a bag holding an
+out-of-range index, or whose offsets break those rules, gets NaN in its whole output row and
+``bag_size == -1`` (its valid entries still reach the gradient). The CUDA context stays usable
+(no device-side assert). ``torch.isnan(out).any()`` or ``(bag_size < 0).any()`` detects it when
+the caller chooses to sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .._plan import (
+    InvalidProblemError,
+    Plan,
+    PlanPreference,
+    PrecisionGuarantee,
+    UnsupportedError,
+    Workspace,
+    plan_errors,
+)
+
+__all__ = [
+    "embedding_bag",
+    "EmbeddingBagDescriptor",
+    "EmbeddingBagArgs",
+    "EmbeddingBagPlan",
+    "EmbeddingBagBackwardDescriptor",
+    "EmbeddingBagBackwardArgs",
+    "EmbeddingBagBackwardPlan",
+]
+
+_MODES = {"sum": 0, "mean": 1, "max": 2}
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _mode_enum(mode: str) -> int:
+    if mode not in _MODES:
+        raise ValueError(f"baracuda::embedding_bag: mode has to be one of sum, mean or max, got {mode!r}")
+    return _MODES[mode]
+
+
+def _normalize_padding_idx(padding_idx: int | None, num_embeddings) -> int:
+    """PyTorch's rule: padding_idx in [-num_embeddings, num_embeddings), negative counts from the end."""
+    if padding_idx is None:
+        return -1
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(
+            f"baracuda::embedding_bag: padding_idx must be within the number of embeddings, "
+            f"-{num_embeddings} through {num_embeddings - 1}, but got {padding_idx}"
+        )
+    return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
+
+
+def check_supported(max_norm, scale_grad_by_freq: bool, sparse: bool) -> None:
+    """The options of F.embedding_bag this package does not implement raise UnsupportedError."""
+    if max_norm is not None:
+        raise UnsupportedError(
+            "baracuda::embedding_bag: max_norm is not supported (it renormalises weight in place); "
+            "call torch.embedding_renorm_ under torch.no_grad() first, or pass max_norm=None"
+        )
+    if scale_grad_by_freq:
+        raise UnsupportedError("baracuda::embedding_bag: scale_grad_by_freq=True is not supported")
+    if sparse:
+        raise UnsupportedError("baracuda::embedding_bag: sparse=True is not supported; the gradient is dense")
+
+
+def embedding_bag(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    offsets: torch.Tensor | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2,
+    scale_grad_by_freq: bool = False,
+    mode: str = "mean",
+    sparse: bool = False,
+    per_sample_weights: torch.Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int | None = None,
+) -> torch.Tensor:
+    """Same result as ``torch.nn.functional.embedding_bag``; differentiable w.r.t. ``weight`` and
+    ``per_sample_weights``, with a deterministic backward in every mode."""
+    mode_enum = _mode_enum(mode)
+    if mode_enum == 2 and scale_grad_by_freq:
+        raise ValueError("baracuda::embedding_bag: max mode does not support scaling the gradient by the frequency")
+    if mode_enum == 2 and sparse:
+        raise ValueError("baracuda::embedding_bag: max mode does not support sparse weights")
+    check_supported(max_norm, scale_grad_by_freq, sparse)
+    if weight.dim() != 2:
+        raise ValueError(
+            f"baracuda::embedding_bag: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}"
+        )
+    pad = _normalize_padding_idx(padding_idx, weight.shape[0])
+    if input.dim() == 2:
+        include_last_offset = False  # F.embedding_bag ignores it for 2-D input
+    out, _, _, _ = torch.ops.baracuda.embedding_bag(
+        weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+def _fake_geometry(weight, indices, offsets, mode, per_sample_weights, include_last_offset):
+    op = "baracuda::embedding_bag"
+    if mode not in (0, 1, 2):
+        raise ValueError(f"{op}: mode must be 0 (sum), 1 (mean) or 2 (max), got {mode}")
+    if weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}")
+    if indices.dim() == 2:
+        if offsets is not None:
+            raise ValueError(
+                f"{op}: offsets must be None when indices is 2-D (fixed-size bags), got offsets of shape "
+                f"{list(offsets.shape)}"
+            )
+        num_bags = indices.shape[0]
+    elif indices.dim() == 1:
+        if offsets is None:
+            raise ValueError(f"{op}: offsets are required when indices is 1-D")
+        if offsets.dim() != 1:
+            raise ValueError(f"{op}: offsets must be 1-D, got shape {list(offsets.shape)}")
+        if include_last_offset and offsets.shape[0] == 0:
+            raise ValueError(f"{op}: include_last_offset needs at least 1 offset, got 0")
+        num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    else:
+        raise ValueError(
+            f"{op}: indices must be 1-D (with offsets) or 2-D (fixed-size bags), got shape {list(indices.shape)}"
+        )
+    if per_sample_weights is not None and mode != 0:
+        raise ValueError(
+            f"{op}: per_sample_weights is only supported with mode 0 (sum), got mode {mode} "
+            f"({['sum', 'mean', 'max'][mode]})"
+        )
+    return num_bags
+
+
+@torch.library.register_fake("baracuda::embedding_bag")
+def _embedding_bag_fake(weight, indices, offsets, bag_mode=0, per_sample_weights=None, include_last_offset=False,
+                        padding_idx=-1):
+    num_bags = _fake_geometry(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset)
+    dim = weight.shape[1]
+    output = weight.new_empty([num_bags, dim])
+    offset2bag = weight.new_empty([indices.numel()], dtype=torch.int64)
+    bag_size = weight.new_empty([num_bags], dtype=torch.int64)
+    max_positions = weight.new_empty([num_bags, dim] if bag_mode == 2 else [0], dtype=torch.int64)
+    return output, offset2bag, bag_size, max_positions
+
+
+@torch.library.register_fake("baracuda::embedding_bag.out")
+def _embedding_bag_out_fake(weight, indices, offsets, bag_mode=0, per_sample_weights=None, include_last_offset=False,
+                            padding_idx=-1, *, output, offset2bag, bag_size, max_positions):
+    return None
+
+
+@torch.library.register_fake("baracuda::embedding_bag_backward")
+def _embedding_bag_backward_fake(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+                                 per_sample_weights=None, padding_idx=-1):
+    if grad.dim() != 2:
+        raise ValueError(
+            f"baracuda::embedding_bag_backward: grad must be 2-D [num_bags, embedding_dim], got shape {list(grad.shape)}"
+        )
+    return grad.new_empty([num_weights, grad.shape[1]])
+
+
+@torch.library.register_fake("baracuda::embedding_bag_backward.out")
+def _embedding_bag_backward_out_fake(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+                                     per_sample_weights=None, padding_idx=-1, *, grad_weight, workspace):
+    return None
+
+
+@torch.library.register_fake("baracuda::embedding_bag_per_sample_weights_backward")
+def _per_sample_weights_backward_fake(grad, weight, indices, offset2bag, bag_mode, padding_idx=-1):
+    if bag_mode != 0:
+        raise ValueError(
+            f"baracuda::embedding_bag_per_sample_weights_backward: per_sample_weights only have a gradient in mode 0 "
+            f"(sum), got mode {bag_mode} ({['sum', 'mean', 'max'][bag_mode] if bag_mode in (0, 1, 2) else 'invalid'})"
+        )
+    return weight.new_empty(indices.shape)
+
+
+@torch.library.register_fake("baracuda::embedding_bag_per_sample_weights_backward.out")
+def _per_sample_weights_backward_out_fake(grad, weight, indices, offset2bag, bag_mode, padding_idx=-1, *,
+                                          grad_per_sample_weights):
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+def _setup_context(ctx, inputs, output):
+    weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx = inputs
+    _, offset2bag, bag_size, max_positions = output
+    ctx.num_weights = weight.shape[0]
+    ctx.mode = bag_mode
+    ctx.padding_idx = padding_idx
+    needs_psw_grad = per_sample_weights is not None and per_sample_weights.requires_grad
+    ctx.save_for_backward(indices, offset2bag, bag_size, max_positions, per_sample_weights,
+                          weight if needs_psw_grad else None)
+
+
+def _backward(ctx, grad_output, _grad_offset2bag, _grad_bag_size, _grad_max_positions):
+    indices, offset2bag, bag_size, max_positions, per_sample_weights, weight = ctx.saved_tensors
+    grad_weight = grad_psw = None
+    if ctx.needs_input_grad[0]:
+        grad_weight = torch.ops.baracuda.embedding_bag_backward(
+            grad_output, indices, offset2bag, bag_size, max_positions, ctx.num_weights, ctx.mode,
+            per_sample_weights, ctx.padding_idx,
+        )
+    # needs_input_grad covers only the arguments the call passed (defaults may be left out).
+    if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4]:
+        grad_psw = torch.ops.baracuda.embedding_bag_per_sample_weights_backward(
+            grad_output, weight, indices, offset2bag, ctx.mode, ctx.padding_idx
+        )
+    return grad_weight, None, None, None, grad_psw, None, None
+
+
+def _no_double_backward(op: str):
+    def setup_context(ctx, inputs, output):
+        pass
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"baracuda::{op}: double backward of embedding_bag is not supported")
+
+    torch.library.register_autograd(f"baracuda::{op}", backward, setup_context=setup_context)
+
+
+torch.library.register_autograd("baracuda::embedding_bag", _backward, setup_context=_setup_context)
+_no_double_backward("embedding_bag_backward")
+_no_double_backward("embedding_bag_per_sample_weights_backward")
+
+
+# --------------------------------------------------------------------------- Plan API
+#
+# problem (the int list the kernel choice is made from) =
+#   [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
+
+
+@dataclass(frozen=True)
+class EmbeddingBagDescriptor:
+    """One embedding_bag problem. ``indices_shape`` is ``(N,)`` with ``num_offsets`` offsets, or
+    ``(B, L)`` (fixed-size bags, ``num_offsets=None``)."""
+
+    num_embeddings: int
+    embedding_dim: int
+    indices_shape: tuple[int, ...]
+    num_offsets: int | None
+    mode: str = "mean"
+    dtype: torch.dtype = torch.float32
+    index_dtype: torch.dtype = torch.int64
+    per_sample_weights: bool = False
+    include_last_offset: bool = False
+    padding_idx: int | None = None
+    device: torch.device | str = "cpu"
+
+    @property
+    def mode_enum(self) -> int:
+        with plan_errors():
+            return _mode_enum(self.mode)
+
+    @property
+    def padding(self) -> int:
+        with plan_errors():
+            return _normalize_padding_idx(self.padding_idx, self.num_embeddings)
+
+    @property
+    def num_indices(self) -> int:
+        n = 1
+        for s in self.indices_shape:
+            n *= int(s)
+        return n
+
+    @property
+    def num_bags(self) -> int:
+        if len(self.indices_shape) == 2:
+            if self.num_offsets is not None:
+                raise InvalidProblemError("baracuda::embedding_bag: num_offsets must be None for 2-D indices")
+            return int(self.indices_shape[0])
+        if len(self.indices_shape) != 1 or self.num_offsets is None:
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag: indices_shape {list(self.indices_shape)} must be 1-D with num_offsets, "
+                "or 2-D without"
+            )
+        if self.include_last_offset and self.num_offsets < 1:
+            raise InvalidProblemError("baracuda::embedding_bag: include_last_offset needs at least 1 offset, got 0")
+        return self.num_offsets - 1 if self.include_last_offset else self.num_offsets
+
+    def validate(self) -> None:
+        if self.dtype not in _FLOATS:
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag: weight must be float16, bfloat16, float32 or float64, got {self.dtype}"
+            )
+        if self.index_dtype not in (torch.int32, torch.int64):
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag: indices must be int32 or int64, got {self.index_dtype}"
+            )
+        if self.per_sample_weights and self.mode_enum != 0:
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag: per_sample_weights is only supported with mode 'sum', got {self.mode!r}"
+            )
+        if min(self.num_embeddings, self.embedding_dim, *self.indices_shape) < 0:
+            raise InvalidProblemError("baracuda::embedding_bag: sizes must be >= 0")
+        self.num_bags, self.padding  # validate
+
+    def problem(self) -> list[int]:
+        return [self.num_embeddings, self.embedding_dim, self.num_indices, self.num_bags, self.mode_enum,
+                int(self.per_sample_weights)]
+
+
+@dataclass
+class EmbeddingBagArgs:
+    weight: torch.Tensor
+    indices: torch.Tensor
+    offsets: torch.Tensor | None
+    output: torch.Tensor
+    offset2bag: torch.Tensor
+    bag_size: torch.Tensor
+    max_positions: torch.Tensor
+    per_sample_weights: torch.Tensor | None = None
+
+
+class EmbeddingBagPlan(Plan):
+    """Writes output, offset2bag, bag_size and max_positions of ``embedding_bag`` into ``args``."""
+
+    op = "embedding_bag"
+
+    @classmethod
+    def select(cls, desc: EmbeddingBagDescriptor, pref: PlanPreference = PlanPreference()) -> "EmbeddingBagPlan":
+        desc.validate()
+        return cls(desc, pref, desc.problem())
+
+    @property
+    def index_dtype(self) -> torch.dtype:  # type: ignore[override]
+        return self.desc.index_dtype
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        if self.desc.mode == "max":  # a selection: exact in every dtype
+            return PrecisionGuarantee(self.desc.dtype, self.desc.dtype, True, True)
+        return super().precision_guarantee()
+
+    def can_implement(self, args: EmbeddingBagArgs) -> None:
+        d = self.desc
+        self._check_tensor("weight", args.weight, (d.num_embeddings, d.embedding_dim), d.dtype)
+        self._check_tensor("indices", args.indices, d.indices_shape, d.index_dtype)
+        if (args.offsets is None) != (d.num_offsets is None):
+            raise InvalidProblemError("baracuda::embedding_bag: offsets must be given exactly when indices is 1-D")
+        if args.offsets is not None:
+            self._check_tensor("offsets", args.offsets, (d.num_offsets,), args.offsets.dtype)
+        if (args.per_sample_weights is not None) != d.per_sample_weights:
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag: the descriptor says per_sample_weights={d.per_sample_weights}"
+            )
+        if args.per_sample_weights is not None:
+            self._check_tensor("per_sample_weights", args.per_sample_weights, d.indices_shape, d.dtype)
+        self._check_tensor("output", args.output, (d.num_bags, d.embedding_dim), d.dtype)
+        self._check_tensor("offset2bag", args.offset2bag, (d.num_indices,), torch.int64)
+        self._check_tensor("bag_size", args.bag_size, (d.num_bags,), torch.int64)
+        max_shape = (d.num_bags, d.embedding_dim) if d.mode_enum == 2 else (0,)
+        self._check_tensor("max_positions", args.max_positions, max_shape, torch.int64)
+
+    def run(self, args: EmbeddingBagArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        d = self.desc
+        with plan_errors():
+            torch.ops.baracuda.embedding_bag.out(
+                args.weight, args.indices, args.offsets, d.mode_enum, args.per_sample_weights,
+                d.include_last_offset, d.padding, output=args.output, offset2bag=args.offset2bag,
+                bag_size=args.bag_size, max_positions=args.max_positions,
+            )
+
+
+@dataclass(frozen=True)
+class EmbeddingBagBackwardDescriptor:
+    """The backward of one embedding_bag problem (``num_bags`` rows of grad)."""
+
+    num_embeddings: int
+    embedding_dim: int
+    indices_shape: tuple[int, ...]
+    num_bags: int
+    mode: str = "mean"
+    dtype: torch.dtype = torch.float32
+    index_dtype: torch.dtype = torch.int64
+    per_sample_weights: bool = False
+    padding_idx: int | None = None
+    device: torch.device | str = "cpu"
+
+    def _forward(self) -> EmbeddingBagDescriptor:
+        shape = tuple(self.indices_shape)
+        return EmbeddingBagDescriptor(
+            self.num_embeddings, self.embedding_dim, shape, None if len(shape) == 2 else self.num_bags, self.mode,
+            self.dtype, self.index_dtype, self.per_sample_weights, False, self.padding_idx, self.device,
+        )
+
+
+@dataclass
+class EmbeddingBagBackwardArgs:
+    """Inputs are the forward's outputs; ``grad_per_sample_weights`` (with ``weight``) is optional."""
+
+    grad: torch.Tensor
+    indices: torch.Tensor
+    offset2bag: torch.Tensor
+    bag_size: torch.Tensor
+    max_positions: torch.Tensor
+    grad_weight: torch.Tensor
+    per_sample_weights: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    grad_per_sample_weights: torch.Tensor | None = None
+
+
+class EmbeddingBagBackwardPlan(Plan):
+    """Writes the dense grad_weight (and, when asked, grad_per_sample_weights) of embedding_bag."""
+
+    op = "embedding_bag_backward"
+
+    @classmethod
+    def select(
+        cls, desc: EmbeddingBagBackwardDescriptor, pref: PlanPreference = PlanPreference()
+    ) -> "EmbeddingBagBackwardPlan":
+        fwd = desc._forward()
+        fwd.validate()
+        if fwd.num_bags != desc.num_bags:
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag_backward: num_bags {desc.num_bags} != indices_shape[0] "
+                f"{desc.indices_shape[0]} for 2-D indices"
+            )
+        return cls(desc, pref, fwd.problem())
+
+    @property
+    def index_dtype(self) -> torch.dtype:  # type: ignore[override]
+        return self.desc.index_dtype
+
+    def can_implement(self, args: EmbeddingBagBackwardArgs) -> None:
+        d = self.desc
+        fwd = d._forward()
+        self._check_tensor("grad", args.grad, (d.num_bags, d.embedding_dim), d.dtype)
+        self._check_tensor("indices", args.indices, d.indices_shape, d.index_dtype)
+        self._check_tensor("offset2bag", args.offset2bag, (fwd.num_indices,), torch.int64)
+        self._check_tensor("bag_size", args.bag_size, (d.num_bags,), torch.int64)
+        if fwd.mode_enum == 2:
+            self._check_tensor("max_positions", args.max_positions, (d.num_bags, d.embedding_dim), torch.int64)
+        self._check_tensor("grad_weight", args.grad_weight, (d.num_embeddings, d.embedding_dim), d.dtype)
+        if (args.per_sample_weights is not None) != d.per_sample_weights:
+            raise InvalidProblemError(
+                f"baracuda::embedding_bag_backward: the descriptor says per_sample_weights={d.per_sample_weights}"
+            )
+        if args.grad_per_sample_weights is not None:
+            if args.weight is None:
+                raise InvalidProblemError(
+                    "baracuda::embedding_bag_backward: grad_per_sample_weights needs weight in the args"
+                )
+            self._check_tensor("weight", args.weight, (d.num_embeddings, d.embedding_dim), d.dtype)
+            self._check_tensor("grad_per_sample_weights", args.grad_per_sample_weights, d.indices_shape, d.dtype)
+
+    def run(self, args: EmbeddingBagBackwardArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        buffer = self._workspace(workspace)
+        fwd = self.desc._forward()
+        with plan_errors():
+            torch.ops.baracuda.embedding_bag_backward.out(
+                args.grad, args.indices, args.offset2bag, args.bag_size, args.max_positions, fwd.num_embeddings,
+                fwd.mode_enum, args.per_sample_weights, fwd.padding, grad_weight=args.grad_weight, workspace=buffer,
+            )
+            if args.grad_per_sample_weights is not None:
+                torch.ops.baracuda.embedding_bag_per_sample_weights_backward.out(
+                    args.grad, args.weight, args.indices, args.offset2bag, fwd.mode_enum, fwd.padding,
+                    grad_per_sample_weights=args.grad_per_sample_weights,
+                )
+
+
+# --------------------------------------------------------------------------- self-check and benchmarks
+
+
+def zipf_indices(n: int, num_embeddings: int, s: float, device, generator=None) -> torch.Tensor:
+    """n draws of Zipf(s) ranks over num_embeddings rows (inverse CDF), mapped to rows by a random permutation."""
+    ranks = torch.arange(1, num_embeddings + 1, device=device, dtype=torch.float64)
+    cdf = torch.cumsum(ranks.pow(-s), 0)
+    cdf /= cdf[-1].clone()
+    u = torch.rand(n, device=device, dtype=torch.float64, generator=generator)
+    rank = torch.searchsorted(cdf, u).clamp_(max=num_embeddings - 1)
+    return torch.randperm(num_embeddings, device=device, generator=generator)[rank]
+
+
+def random_bags(num_bags: int, mean_bag: int, device) -> torch.Tensor:
+    """int64 offsets of bags whose sizes are uniform in [1, 2 mean - 1] (mean `mean_bag`)."""
+    sizes = torch.randint(1, 2 * mean_bag, (num_bags,), device=device)
+    return torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
+
+
+def self_checks():
+    from ..bench import SelfCheck
+    import torch.nn.functional as F
+
+    def check(dtype, mode):
+        def run(device):
+            w = torch.randn(50, 24, device=device, dtype=dtype, requires_grad=True)
+            idx = torch.randint(0, 50, (40,), device=device)
+            off = torch.tensor([0, 3, 3, 17, 30], device=device)
+            ours = embedding_bag(idx, w, off, mode=mode, padding_idx=4)
+            ref_w = w.detach().double().requires_grad_()
+            ref = F.embedding_bag(idx, ref_w, off, mode=mode, padding_idx=4)
+            tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1}.get(dtype, 1e-5)
+            torch.testing.assert_close(ours.double(), ref, rtol=tol, atol=tol)
+            g = torch.randn_like(ref)
+            (dw,) = torch.autograd.grad(ours, w, g.to(dtype))
+            (ref_dw,) = torch.autograd.grad(ref, ref_w, g)
+            torch.testing.assert_close(dw.double(), ref_dw, rtol=tol, atol=tol)
+
+        return run
+
+    return [SelfCheck(f"embedding_bag[{m}]", d, check(d, m)) for m in _MODES for d in _FLOATS]
+
+
+def benchmarks(device: torch.device, full: bool):
+    from ..bench import BenchCase
+    import torch.nn.functional as F
+
+    # (num_embeddings, dim, mean bag, distribution, dtype, mode)
+    if device.type == "cpu":
+        configs = [(10_000, 64, 20, "uniform", torch.float32, "sum"), (10_000, 64, 20, "zipf", torch.float32, "mean"),
+                   (10_000, 64, 20, "uniform", torch.float32, "max")]
+        num_bags = 512
+    else:
+        num_bags = 16384
+        configs = [(1_000_000, 128, 20, dist, dt, m) for dist in ("uniform", "zipf")
+                   for dt in (torch.float32, torch.bfloat16) for m in ("sum", "mean")]
+        configs.append((1_000_000, 128, 20, "uniform", torch.float32, "max"))
+        if full:
+            configs = [
+                (1_000_000, 128, 20, "uniform", torch.float32, "sum"),
+                (1_000_000, 128, 20, "zipf", torch.float32, "mean"),
+                (1_000_000, 128, 100, "uniform", torch.float32, "mean"),
+                (1_000_000, 128, 100, "zipf", torch.bfloat16, "sum"),
+                (100_000, 64, 20, "uniform", torch.bfloat16, "sum"),
+                (100_000, 256, 100, "zipf", torch.float32, "mean"),
+                (100_000, 128, 20, "zipf", torch.float32, "sum"),
+                (4_000_000, 64, 20, "zipf", torch.bfloat16, "mean"),
+                (4_000_000, 64, 100, "zipf", torch.bfloat16, "sum"),
+                (4_000_000, 128, 100, "uniform", torch.bfloat16, "mean"),
+                (1_000_000, 256, 20, "uniform", torch.bfloat16, "sum"),
+                (1_000_000, 128, 20, "uniform", torch.float32, "max"),
+            ]
+    cases = []
+    for V, D, mean_bag, dist, dtype, mode in configs:
+        mode_enum = _MODES[mode]
+        elem = torch.tensor([], dtype=dtype).element_size()
+        n_est = num_bags * mean_bag
+        tag = f"V={V:.0e} D={D} bag={mean_bag} {dist} {str(dtype).replace('torch.', '')} {mode}"
+
+        def make(V=V, D=D, mean_bag=mean_bag, dist=dist, dtype=dtype, mode=mode):
+            off = random_bags(num_bags, mean_bag, device)
+            n = int(off[-1]) + mean_bag  # the last bag has mean_bag entries
+            idx = zipf_indices(n, V, 1.05, device) if dist == "zipf" else torch.randint(0, V, (n,), device=device)
+            w = torch.randn(V, D, device=device, dtype=dtype)
+            return idx, w, off
+
+        def fwd_inputs(make=make):
+            return make()
+
+        def bwd_inputs(make=make, mode=mode, mode_enum=mode_enum):
+            idx, w, off = make()
+            _, o2b, bag_size, max_pos = torch.ops.baracuda.embedding_bag(w, idx, off, mode_enum, None, False, -1)
+            wr = w.detach().requires_grad_()
+            y = F.embedding_bag(idx, wr, off, mode=mode)
+            return torch.randn_like(y), idx, o2b, bag_size, max_pos, wr, y
+
+        fwd_bytes = n_est * (8 + D * elem) + num_bags * (8 + D * elem)
+        bwd_bytes = V * D * elem + num_bags * D * elem + n_est * 8
+        cases.append(BenchCase(
+            "embedding_bag", f"embedding_bag {tag}", fwd_bytes, fwd_inputs,
+            ours=lambda idx, w, off, m=mode_enum: torch.ops.baracuda.embedding_bag(w, idx, off, m, None, False, -1),
+            peers={"eager": lambda idx, w, off, mode=mode: F.embedding_bag(idx, w, off, mode=mode)},
+            compile_peer=lambda idx, w, off, mode=mode: F.embedding_bag(idx, w, off, mode=mode),
+        ))
+        cases.append(BenchCase(
+            "embedding_bag", f"embedding_bag_backward {tag}", bwd_bytes, bwd_inputs,
+            ours=lambda g, idx, o2b, bs, mp, wr, y, V=V, m=mode_enum: torch.ops.baracuda.embedding_bag_backward(
+                g, idx, o2b, bs, mp, V, m, None, -1),
+            peers={"eager": lambda g, idx, o2b, bs, mp, wr, y: torch.autograd.grad(y, wr, g, retain_graph=True)},
+        ))
+    return cases

@@ -1,0 +1,340 @@
+// embedding_bag family, CPU kernels. Bad index and offset values raise
+// (IndexError / ValueError) before anything is computed.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "baracuda/checks.h"
+#include "baracuda/dispatch.h"
+#include "baracuda/embedding_bag.h"
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+template <typename index_t>
+void check_index_values(const char* op, const index_t* idx, int64_t n, int64_t num_weights) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = static_cast<int64_t>(idx[i]);
+    TORCH_CHECK_INDEX(v >= 0 && v < num_weights, op, ": indices[", i, "] = ", v, " is out of range for ",
+                      num_weights, " embeddings (expected 0 <= index < ", num_weights, ")");
+  }
+}
+
+template <typename index_t>
+void check_offset_values(const index_t* off, int64_t num_offsets, int64_t num_indices) {
+  const char* op = kEmbeddingBagOp;
+  for (int64_t b = 0; b < num_offsets; ++b) {
+    const int64_t o = static_cast<int64_t>(off[b]);
+    if (b == 0) {
+      TORCH_CHECK_VALUE(o == 0, op, ": offsets[0] must be 0, got ", o);
+    } else {
+      TORCH_CHECK_VALUE(o >= static_cast<int64_t>(off[b - 1]), op, ": offsets must be non-decreasing, got offsets[",
+                        b, "] = ", o, " after offsets[", b - 1, "] = ", static_cast<int64_t>(off[b - 1]));
+    }
+    TORCH_CHECK_VALUE(o <= num_indices, op, ": offsets[", b, "] = ", o, " is past the end of indices (", num_indices,
+                      " indices)");
+  }
+}
+
+void check_bag_values(const char* op, const int64_t* offset2bag, int64_t n, int64_t num_bags) {
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(offset2bag[i] >= -1 && offset2bag[i] < num_bags, op, ": offset2bag[", i, "] = ", offset2bag[i],
+                      " is not a bag (expected -1 <= bag < ", num_bags, ")");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one bag per iteration, the bag's entries in position order (see
+// embedding_bag.h for the math), accumulated in acc_t.
+
+template <typename scalar_t, typename acc_t, typename index_t>
+void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* offsets, const scalar_t* psw,
+                 const BagGeometry& g, scalar_t* out, int64_t* offset2bag, int64_t* bag_size, int64_t* max_pos) {
+  const int64_t D = g.dim;
+  std::fill(offset2bag, offset2bag + g.num_indices, int64_t(-1));
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
+  at::parallel_for(0, g.num_bags, grain, [&](int64_t bag_begin, int64_t bag_end) {
+    std::vector<acc_t> acc(D);
+    for (int64_t b = bag_begin; b < bag_end; ++b) {
+      int64_t begin, end;
+      bool bad;
+      bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      int64_t* pos = g.mode == kModeMax ? max_pos + b * D : nullptr;
+      if (pos != nullptr) std::fill(pos, pos + D, int64_t(-1));
+      int64_t count = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        offset2bag[i] = b;
+        const int64_t idx = static_cast<int64_t>(indices[i]);
+        if (idx == g.padding_idx) continue;
+        const scalar_t* row = weight + idx * D;
+        if (pos != nullptr) {
+          for (int64_t d = 0; d < D; ++d) {
+            const acc_t v = static_cast<acc_t>(row[d]);
+            if (count == 0 || v > acc[d]) {
+              acc[d] = v;
+              pos[d] = i;
+            }
+          }
+        } else {
+          const acc_t coef = psw != nullptr ? static_cast<acc_t>(psw[i]) : acc_t(1);
+          for (int64_t d = 0; d < D; ++d) acc[d] += coef * static_cast<acc_t>(row[d]);
+        }
+        ++count;
+      }
+      bag_size[b] = count;
+      scalar_t* o = out + b * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const acc_t v = g.mode == kModeMean ? (count > 0 ? acc[d] / static_cast<acc_t>(count) : acc_t(0)) : acc[d];
+        o[d] = static_cast<scalar_t>(v);
+      }
+    }
+  });
+}
+
+void embedding_bag_out_cpu(const at::Tensor& weight, const at::Tensor& indices_in,
+                           const c10::optional<at::Tensor>& offsets_in, int64_t mode,
+                           const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                           int64_t padding_idx, const at::Tensor& output, const at::Tensor& offset2bag,
+                           const at::Tensor& bag_size, const at::Tensor& max_positions) {
+  const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
+                                     padding_idx);
+  check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
+  at::Tensor indices = indices_in.contiguous();
+  c10::optional<at::Tensor> offsets = offsets_in;
+  promote_indices_and_offsets(indices, offsets);
+  if (offsets.has_value()) offsets = offsets->contiguous();
+  const auto w = weight.contiguous();
+  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_cpu", [&] {
+    const index_t* idx = indices.const_data_ptr<index_t>();
+    const index_t* off = offsets.has_value() ? offsets->const_data_ptr<index_t>() : nullptr;
+    check_index_values(kEmbeddingBagOp, idx, g.num_indices, g.num_weights);
+    if (off != nullptr) check_offset_values(off, g.num_offsets, g.num_indices);
+    BARACUDA_DISPATCH_FLOATING(weight.scalar_type(), "embedding_bag_cpu", [&] {
+      bag_forward<scalar_t, acc_t, index_t>(
+          w.const_data_ptr<scalar_t>(), idx, off, psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, g,
+          output.mutable_data_ptr<scalar_t>(), offset2bag.mutable_data_ptr<int64_t>(),
+          bag_size.mutable_data_ptr<int64_t>(),
+          g.mode == kModeMax ? max_positions.mutable_data_ptr<int64_t>() : nullptr);
+    });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cpu(
+    const at::Tensor& weight, const at::Tensor& indices, const c10::optional<at::Tensor>& offsets, int64_t mode,
+    const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset, int64_t padding_idx) {
+  const auto g = check_embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                                     padding_idx);
+  auto output = at::empty({g.num_bags, g.dim}, weight.options());
+  auto offset2bag = at::empty({g.num_indices}, weight.options().dtype(at::kLong));
+  auto bag_size = at::empty({g.num_bags}, weight.options().dtype(at::kLong));
+  auto max_positions = at::empty(max_positions_shape(g), weight.options().dtype(at::kLong));
+  embedding_bag_out_cpu(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, output,
+                        offset2bag, bag_size, max_positions);
+  return {output, offset2bag, bag_size, max_positions};
+}
+
+// ---------------------------------------------------------------------------
+// Backward: grad_weight[v] = sum over the positions i with indices[i] == v (not
+// padding, in a bag), in increasing i, of
+//   sum:  w_i * grad[bag_i]            (w_i = per_sample_weights[i] or 1)
+//   mean: grad[bag_i] / bag_size[bag_i]
+//   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
+// Positions are grouped by row with a stable counting sort (workspace: V + 1
+// row ends and N positions, int64), then each row is summed by one thread.
+
+int64_t backward_workspace_bytes(int64_t num_weights, int64_t num_indices) {
+  return (num_weights + 1 + num_indices) * static_cast<int64_t>(sizeof(int64_t));
+}
+
+template <typename scalar_t, typename acc_t, typename index_t>
+void bag_backward(const scalar_t* grad, const index_t* indices, const int64_t* offset2bag, const int64_t* bag_size,
+                  const int64_t* max_pos, const scalar_t* psw, int64_t mode, int64_t padding_idx, int64_t V,
+                  int64_t D, int64_t N, scalar_t* grad_weight, int64_t* row_end, int64_t* perm) {
+  std::fill(row_end, row_end + V + 1, int64_t(0));
+  auto used = [&](int64_t i) { return static_cast<int64_t>(indices[i]) != padding_idx && offset2bag[i] >= 0; };
+  for (int64_t i = 0; i < N; ++i) {
+    if (used(i)) ++row_end[static_cast<int64_t>(indices[i]) + 1];
+  }
+  for (int64_t v = 0; v < V; ++v) row_end[v + 1] += row_end[v];
+  for (int64_t i = 0; i < N; ++i) {
+    if (used(i)) perm[row_end[static_cast<int64_t>(indices[i])]++] = i;
+  }
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
+  at::parallel_for(0, V, grain, [&](int64_t v_begin, int64_t v_end) {
+    std::vector<acc_t> acc(D);
+    for (int64_t v = v_begin; v < v_end; ++v) {
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t p = v == 0 ? 0 : row_end[v - 1]; p < row_end[v]; ++p) {
+        const int64_t i = perm[p];
+        const int64_t bag = offset2bag[i];
+        const scalar_t* gb = grad + bag * D;
+        if (mode == kModeMax) {
+          const int64_t* mp = max_pos + bag * D;
+          for (int64_t d = 0; d < D; ++d) {
+            if (mp[d] == i) acc[d] += static_cast<acc_t>(gb[d]);
+          }
+        } else if (mode == kModeMean) {
+          const acc_t n = static_cast<acc_t>(bag_size[bag]);
+          if (bag_size[bag] > 0) {
+            for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<acc_t>(gb[d]) / n;
+          }
+        } else {
+          const acc_t coef = psw != nullptr ? static_cast<acc_t>(psw[i]) : acc_t(1);
+          for (int64_t d = 0; d < D; ++d) acc[d] += coef * static_cast<acc_t>(gb[d]);
+        }
+      }
+      scalar_t* out = grad_weight + v * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = static_cast<scalar_t>(acc[d]);
+    }
+  });
+}
+
+void embedding_bag_backward_out_cpu(const at::Tensor& grad, const at::Tensor& indices_in,
+                                    const at::Tensor& offset2bag_in, const at::Tensor& bag_size_in,
+                                    const at::Tensor& max_positions_in, int64_t num_weights, int64_t mode,
+                                    const c10::optional<at::Tensor>& per_sample_weights, int64_t padding_idx,
+                                    const at::Tensor& grad_weight, const at::Tensor& workspace) {
+  const char* op = kEmbeddingBagBackwardOp;
+  check_embedding_bag_backward(grad, indices_in, offset2bag_in, bag_size_in, max_positions_in, num_weights, mode,
+                               per_sample_weights, padding_idx);
+  const int64_t D = grad.size(1), N = indices_in.numel(), B = grad.size(0);
+  check_out(op, "grad_weight", grad_weight, {num_weights, D}, grad.scalar_type(), grad.device());
+  TORCH_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
+  const int64_t need = backward_workspace_bytes(num_weights, N);
+  TORCH_CHECK_VALUE(workspace.device() == grad.device() && workspace.is_contiguous() &&
+                        workspace.nbytes() >= static_cast<size_t>(need) &&
+                        reinterpret_cast<uintptr_t>(workspace.const_data_ptr()) % alignof(int64_t) == 0,
+                    op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
+                    " contiguous 8-byte-aligned bytes on ", grad.device());
+  const auto indices = indices_in.contiguous();
+  const auto offset2bag = offset2bag_in.contiguous();
+  const auto bag_size = bag_size_in.contiguous();
+  const auto max_positions = max_positions_in.contiguous();
+  const auto g = grad.contiguous();
+  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
+  check_bag_values(op, offset2bag.const_data_ptr<int64_t>(), N, B);
+  if (mode == kModeMax) {
+    const int64_t* mp = max_positions.const_data_ptr<int64_t>();
+    for (int64_t k = 0; k < B * D; ++k) {
+      TORCH_CHECK_VALUE(mp[k] >= -1 && mp[k] < N, op, ": max_positions has ", mp[k],
+                        ", expected -1 <= position < ", N);
+    }
+  }
+  auto* base = reinterpret_cast<int64_t*>(workspace.mutable_data_ptr());
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_cpu", [&] {
+    check_index_values(op, indices.const_data_ptr<index_t>(), N, num_weights);
+    BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_cpu", [&] {
+      bag_backward<scalar_t, acc_t, index_t>(
+          g.const_data_ptr<scalar_t>(), indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
+          bag_size.const_data_ptr<int64_t>(), mode == kModeMax ? max_positions.const_data_ptr<int64_t>() : nullptr,
+          psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, mode, padding_idx, num_weights, D, N,
+          grad_weight.mutable_data_ptr<scalar_t>(), base, base + num_weights + 1);
+    });
+  });
+}
+
+at::Tensor embedding_bag_backward_cpu(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
+                                      const at::Tensor& bag_size, const at::Tensor& max_positions,
+                                      int64_t num_weights, int64_t mode,
+                                      const c10::optional<at::Tensor>& per_sample_weights, int64_t padding_idx) {
+  check_embedding_bag_backward(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
+                               per_sample_weights, padding_idx);
+  auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
+  const auto workspace =
+      at::empty({backward_workspace_bytes(num_weights, indices.numel())}, grad.options().dtype(at::kByte));
+  embedding_bag_backward_out_cpu(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
+                                 per_sample_weights, padding_idx, grad_weight, workspace);
+  return grad_weight;
+}
+
+// ---------------------------------------------------------------------------
+// d per_sample_weights[i] = <grad[bag_i], weight[indices[i]]> (0 for padding
+// and positions in no bag), summed over the columns in order in acc_t.
+
+template <typename scalar_t, typename acc_t, typename index_t>
+void position_dot(const scalar_t* grad, const scalar_t* weight, const index_t* indices, const int64_t* offset2bag,
+                  int64_t padding_idx, int64_t D, int64_t N, scalar_t* out) {
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
+  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t idx = static_cast<int64_t>(indices[i]);
+      const int64_t bag = offset2bag[i];
+      acc_t acc = 0;
+      if (idx != padding_idx && bag >= 0) {
+        const scalar_t* gb = grad + bag * D;
+        const scalar_t* w = weight + idx * D;
+        for (int64_t d = 0; d < D; ++d) acc += static_cast<acc_t>(gb[d]) * static_cast<acc_t>(w[d]);
+      }
+      out[i] = static_cast<scalar_t>(acc);
+    }
+  });
+}
+
+void per_sample_weights_backward_out_cpu(const at::Tensor& grad, const at::Tensor& weight,
+                                         const at::Tensor& indices_in, const at::Tensor& offset2bag_in, int64_t mode,
+                                         int64_t padding_idx, const at::Tensor& grad_per_sample_weights) {
+  const char* op = kEmbeddingBagPswBackwardOp;
+  check_per_sample_weights_backward(grad, weight, indices_in, offset2bag_in, mode, padding_idx);
+  check_out(op, "grad_per_sample_weights", grad_per_sample_weights, indices_in.sizes(), weight.scalar_type(),
+            weight.device());
+  TORCH_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
+  const int64_t N = indices_in.numel();
+  const auto indices = indices_in.contiguous();
+  const auto offset2bag = offset2bag_in.contiguous();
+  const auto g = grad.contiguous();
+  const auto w = weight.contiguous();
+  check_bag_values(op, offset2bag.const_data_ptr<int64_t>(), N, grad.size(0));
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_psw_backward_cpu", [&] {
+    check_index_values(op, indices.const_data_ptr<index_t>(), N, weight.size(0));
+    BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_psw_backward_cpu", [&] {
+      position_dot<scalar_t, acc_t, index_t>(g.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(),
+                                             indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
+                                             padding_idx, weight.size(1), N,
+                                             grad_per_sample_weights.mutable_data_ptr<scalar_t>());
+    });
+  });
+}
+
+at::Tensor per_sample_weights_backward_cpu(const at::Tensor& grad, const at::Tensor& weight,
+                                           const at::Tensor& indices, const at::Tensor& offset2bag, int64_t mode,
+                                           int64_t padding_idx) {
+  check_per_sample_weights_backward(grad, weight, indices, offset2bag, mode, padding_idx);
+  auto out = at::empty(indices.sizes(), weight.options());
+  per_sample_weights_backward_out_cpu(grad, weight, indices, offset2bag, mode, padding_idx, out);
+  return out;
+}
+
+// problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
+KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {"cpu_bag_loop", 0}; }
+KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
+  TORCH_CHECK_VALUE(problem.size() == 6, kEmbeddingBagBackwardOp, ": malformed problem ", problem);
+  return {"cpu_counting_sort_rows", backward_workspace_bytes(problem[0], problem[2])};
+}
+KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef, c10::ScalarType) {
+  return {"cpu_position_dot", 0};
+}
+
+BARACUDA_REGISTER_VARIANT("embedding_bag", c10::DeviceType::CPU, embedding_bag_choice);
+BARACUDA_REGISTER_VARIANT("embedding_bag_backward", c10::DeviceType::CPU, embedding_bag_backward_choice);
+BARACUDA_REGISTER_VARIANT("embedding_bag_per_sample_weights_backward", c10::DeviceType::CPU,
+                          per_sample_weights_backward_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
+  m.impl("embedding_bag", &baracuda::embedding_bag_cpu);
+  m.impl("embedding_bag.out", &baracuda::embedding_bag_out_cpu);
+  m.impl("embedding_bag_backward", &baracuda::embedding_bag_backward_cpu);
+  m.impl("embedding_bag_backward.out", &baracuda::embedding_bag_backward_out_cpu);
+  m.impl("embedding_bag_per_sample_weights_backward", &baracuda::per_sample_weights_backward_cpu);
+  m.impl("embedding_bag_per_sample_weights_backward.out", &baracuda::per_sample_weights_backward_out_cpu);
+}

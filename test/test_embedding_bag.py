@@ -1,0 +1,514 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+import baracuda_ops
+from baracuda_ops.ops.embedding_bag import zipf_indices
+from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison
+
+MODES = ("sum", "mean", "max")
+MODE_ENUM = {"sum": 0, "mean": 1, "max": 2}
+
+
+def make_bags(device, index_dtype=torch.int64, offset_dtype=None, num_weights=25):
+    """40 indices in 7 bags: an empty bag in the middle and at the end, a bag of one, a long bag."""
+    idx = torch.randint(0, num_weights, (40,), device=device, dtype=index_dtype)
+    off = torch.tensor([0, 5, 5, 6, 20, 33, 40], device=device, dtype=offset_dtype or index_dtype)
+    return idx, off
+
+
+def reference(idx, w, off, mode, psw=None, padding_idx=None, include_last_offset=False):
+    """F.embedding_bag on CPU in float64, with leaf inputs for the gradients."""
+    w64 = w.detach().cpu().double().requires_grad_()
+    psw64 = None if psw is None else psw.detach().cpu().double().requires_grad_()
+    out = F.embedding_bag(idx.cpu(), w64, None if off is None else off.cpu(), mode=mode, per_sample_weights=psw64,
+                          include_last_offset=include_last_offset, padding_idx=padding_idx)
+    return out, w64, psw64
+
+
+def check_against_reference(idx, w, off, mode, psw=None, padding_idx=None, include_last_offset=False, scale=4.0):
+    w = w.detach().requires_grad_()
+    psw = None if psw is None else psw.detach().requires_grad_()
+    out = baracuda_ops.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw, padding_idx=padding_idx,
+                                     include_last_offset=include_last_offset)
+    ref, w64, psw64 = reference(idx, w, off, mode, psw, padding_idx, include_last_offset)
+    assert out.dtype == w.dtype and out.shape == ref.shape
+    if mode == "max":  # a selection: exact
+        torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=0, atol=0)
+    else:
+        assert_close(out, ref, dtype=w.dtype, scale=scale)
+    grad = torch.randn(out.shape, dtype=w.dtype, device=w.device)
+    inputs = [w] + ([psw] if psw is not None else [])
+    ref_inputs = [w64] + ([psw64] if psw is not None else [])
+    grads = torch.autograd.grad(out, inputs, grad)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, grad.cpu().double())
+    for a, b in zip(grads, ref_grads):
+        assert a.dtype == w.dtype
+        assert_close(a, b, dtype=w.dtype, scale=scale)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_and_grads_match_F(device, mode, dtype):
+    for index_dtype, offset_dtype in ((torch.int64, torch.int64), (torch.int32, torch.int32),
+                                      (torch.int32, torch.int64)):
+        for padding_idx in (None, 3, -2):
+            idx, off = make_bags(device, index_dtype, offset_dtype)
+            idx[7] = 3  # make sure the padding row occurs
+            w = torch.randn(25, 12, device=device, dtype=dtype)
+            check_against_reference(idx, w, off, mode, padding_idx=padding_idx)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_per_sample_weights(device, dtype):
+    idx, off = make_bags(device)
+    w = torch.randn(25, 16, device=device, dtype=dtype)
+    psw = torch.randn(40, device=device, dtype=dtype)
+    check_against_reference(idx, w, off, "sum", psw=psw)
+    check_against_reference(idx, w, off, "sum", psw=psw, padding_idx=idx[3].item())
+    idx2 = idx.view(5, 8)  # 2-D input: psw has its shape
+    check_against_reference(idx2, w, None, "sum", psw=psw.view(5, 8))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_include_last_offset_and_2d_input(device, mode):
+    idx, off = make_bags(device)
+    w = torch.randn(25, 10, device=device)
+    check_against_reference(idx, w, off, mode, include_last_offset=True)
+    check_against_reference(idx.view(8, 5), w, None, mode, padding_idx=idx[0].item())
+    check_against_reference(idx.view(8, 5), w, None, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_padding_excluded_from_bag_and_mean_count(device, mode):
+    w = torch.randn(6, 4, device=device)
+    idx = torch.tensor([2, 5, 2, 2, 1], device=device)
+    off = torch.tensor([0, 3, 4], device=device)  # bag 1 is padding only
+    out, _, bag_size, max_positions = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, 2)
+    assert bag_size.tolist() == [1, 0, 1]
+    torch.testing.assert_close(out[0], w[5])
+    assert torch.equal(out[1], torch.zeros(4, device=device))
+    if mode == "max":
+        assert max_positions[0].tolist() == [1] * 4 and max_positions[1].tolist() == [-1] * 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_size(device, mode):
+    m = MODE_ENUM[mode]
+    w = torch.randn(5, 3, device=device, requires_grad=True)
+    cases = [
+        (torch.empty(0, dtype=torch.long, device=device), torch.zeros(3, dtype=torch.long, device=device), False, 3),
+        (torch.tensor([1, 2], device=device), torch.empty(0, dtype=torch.long, device=device), False, 0),
+        (torch.tensor([1, 2], device=device), torch.zeros(1, dtype=torch.long, device=device), True, 0),
+        (torch.empty(4, 0, dtype=torch.long, device=device), None, False, 4),
+    ]
+    for idx, off, ilo, num_bags in cases:
+        out, o2b, bag_size, _ = torch.ops.baracuda.embedding_bag(w, idx, off, m, None, ilo, -1)
+        assert out.shape == (num_bags, 3) and torch.equal(out, torch.zeros_like(out))
+        assert torch.equal(o2b, torch.full_like(o2b, -1)) or num_bags > 0
+        if num_bags > 0:
+            (dw,) = torch.autograd.grad(out, w, torch.randn_like(out))
+            assert torch.equal(dw, torch.zeros_like(dw))
+    out = baracuda_ops.embedding_bag(torch.tensor([0, 1], device=device), torch.randn(4, 0, device=device),
+                                     torch.tensor([0], device=device), mode=mode)
+    assert out.shape == (1, 0)
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    dw = torch.ops.baracuda.embedding_bag_backward(torch.randn(2, 3, device=device), empty, empty,
+                                                   torch.zeros(2, dtype=torch.long, device=device),
+                                                   torch.full((2, 3), -1, device=device), 0, m, None, -1)
+    assert dw.shape == (0, 3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_non_contiguous_inputs(device, mode):
+    base = torch.randn(12, 25, device=device)
+    w = base.t()  # [25, 12], not contiguous
+    idx = torch.randint(0, 25, (80,), device=device)[::2]
+    off = torch.tensor([0, 0, 3, 9, 9, 9, 30], device=device)[::1]
+    psw = torch.randn(80, device=device)[::2] if mode == "sum" else None
+    assert not w.is_contiguous() and not idx.is_contiguous()
+    check_against_reference(idx, w, off, mode, psw=psw)
+    offset_view = torch.randn(25 * 12 + 1, device=device)[1:].view(25, 12)  # an unaligned view
+    check_against_reference(idx, offset_view, off, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck(device, mode):
+    idx = torch.tensor([1, 4, 4, 0, 2, 3, 1, 4], device=device)
+    off = torch.tensor([0, 2, 2, 5], device=device)
+    w = torch.randn(6, 3, device=device, dtype=torch.float64, requires_grad=True)
+    if mode == "sum":
+        psw = torch.randn(8, device=device, dtype=torch.float64, requires_grad=True)
+        f = lambda w, psw: baracuda_ops.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw, padding_idx=2)
+        assert torch.autograd.gradcheck(f, (w, psw))
+    else:
+        f = lambda w: baracuda_ops.embedding_bag(idx, w, off, mode=mode, padding_idx=2)
+        assert torch.autograd.gradcheck(f, (w,))
+
+
+def op_samples(device, requires_grad):
+    """(args) samples for baracuda::embedding_bag in all modes, 1-D and 2-D indices, with padding and psw."""
+    idx, off = make_bags(device)
+    w = torch.randn(25, 8, device=device, requires_grad=requires_grad)
+    psw = torch.randn(40, device=device, requires_grad=requires_grad)
+    idx32 = idx.int()
+    return [
+        (w, idx, off, 0, None, False, -1),
+        (w, idx32, off.int(), 1, None, False, 3),
+        (w, idx, off, 2, None, False, -1),
+        (w, idx, off, 0, psw, True, 5),
+        (w, idx.view(5, 8), None, 2, None, False, 1),
+        (w, idx.view(5, 8), None, 0, psw.view(5, 8), False, -1),
+    ]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck_forward(device, requires_grad):
+    for args in op_samples(device, requires_grad):
+        opcheck(torch.ops.baracuda.embedding_bag.default, args)
+
+
+def test_opcheck_out_and_backward_ops(device):
+    for args in op_samples(device, False):
+        w, idx, off, mode, psw, ilo, pad = args
+        out, o2b, bag_size, max_positions = torch.ops.baracuda.embedding_bag(*args)
+        outs = dict(output=torch.empty_like(out), offset2bag=torch.empty_like(o2b),
+                    bag_size=torch.empty_like(bag_size), max_positions=torch.empty_like(max_positions))
+        opcheck(torch.ops.baracuda.embedding_bag.out, args, outs)
+        grad = torch.randn_like(out)
+        bargs = (grad, idx, o2b, bag_size, max_positions, w.shape[0], mode, psw, pad)
+        opcheck(torch.ops.baracuda.embedding_bag_backward.default, bargs)
+        plan = baracuda_ops.EmbeddingBagBackwardPlan.select(baracuda_ops.EmbeddingBagBackwardDescriptor(
+            25, 8, tuple(idx.shape), out.shape[0], ["sum", "mean", "max"][mode], device=device,
+            index_dtype=idx.dtype, per_sample_weights=psw is not None, padding_idx=None if pad < 0 else pad))
+        ws = torch.empty(plan.workspace_size(), dtype=torch.uint8, device=device)
+        opcheck(torch.ops.baracuda.embedding_bag_backward.out, bargs,
+                {"grad_weight": torch.empty_like(w), "workspace": ws})
+        if mode == 0:
+            pargs = (grad, w, idx, o2b, mode, pad)
+            opcheck(torch.ops.baracuda.embedding_bag_per_sample_weights_backward.default, pargs)
+            opcheck(torch.ops.baracuda.embedding_bag_per_sample_weights_backward.out, pargs,
+                    {"grad_per_sample_weights": torch.empty(idx.shape, device=device)})
+
+
+def test_compile_fullgraph_dynamic_matches_eager(device):
+    def fn(w, psw, idx, off):
+        y = baracuda_ops.embedding_bag(idx, w * 2, off, mode="sum", per_sample_weights=psw)
+        z = baracuda_ops.embedding_bag(idx, w, off, mode="max", padding_idx=1)
+        return (y + z).sin()
+
+    for n_idx, offsets in ((30, [0, 4, 4, 17]), (41, [0, 9, 20, 20, 33])):
+        idx = torch.randint(0, 20, (n_idx,), device=device)
+        w = torch.randn(20, 16, device=device, requires_grad=True)
+        psw = torch.randn(n_idx, device=device, requires_grad=True)
+        check_compile_matches_eager(fn, [w, psw, idx, torch.tensor(offsets, device=device)])
+
+
+def skewed_indices(n, num_weights, device):
+    """Zipf(1.05) indices with 60% of the positions on one row: long runs across many chunks."""
+    idx = zipf_indices(n, num_weights, 1.05, device)
+    hot = torch.rand(n, device=device) < 0.6
+    return torch.where(hot, torch.full_like(idx, 7), idx)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_backward_skewed_bit_identical_and_correct(device, mode, dtype):
+    n, num_weights, dim = 30000, 300, 16
+    idx = skewed_indices(n, num_weights, device)
+    off = torch.arange(0, n, 6, device=device)
+    w = torch.randn(num_weights, dim, device=device, dtype=dtype)
+    psw = torch.randn(n, device=device, dtype=dtype) if mode == "sum" else None
+    out, o2b, bag_size, max_positions = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], psw, False, 5)
+    grad = torch.randn_like(out)
+    args = (grad, idx, o2b, bag_size, max_positions, num_weights, MODE_ENUM[mode], psw, 5)
+    a = torch.ops.baracuda.embedding_bag_backward(*args)
+    b = torch.ops.baracuda.embedding_bag_backward(*args)
+    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    if dtype == torch.float64:
+        ref, w64, _ = reference(idx, w, off, mode, psw, padding_idx=5)
+        (ref_dw,) = torch.autograd.grad(ref, w64, grad.cpu())
+        torch.testing.assert_close(a.cpu(), ref_dw, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_use_deterministic_algorithms(device, mode):
+    idx = skewed_indices(2000, 50, device)
+    off = torch.arange(0, 2000, 7, device=device)
+    w = torch.randn(50, 32, device=device, requires_grad=True)
+    psw = torch.randn(2000, device=device, requires_grad=True) if mode == "sum" else None
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        results = []
+        for _ in range(2):
+            out = baracuda_ops.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw)
+            grads = torch.autograd.grad(out.square().sum(), [w] + ([psw] if psw is not None else []))
+            results.append([out] + list(grads))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for x, y in zip(*results):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+# ---------------------------------------------------------------------------- Plan API
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plan_run_writes_every_element(device, mode, dtype):
+    idx, off = make_bags(device, torch.int32)
+    desc = baracuda_ops.EmbeddingBagDescriptor(25, 24, (40,), 7, mode, dtype, torch.int32, device=device)
+    plan = baracuda_ops.EmbeddingBagPlan.select(desc)
+    w = torch.randn(25, 24, device=device, dtype=dtype)
+    args = baracuda_ops.EmbeddingBagArgs(
+        w, idx, off, poison(torch.empty(7, 24, device=device, dtype=dtype)),
+        poison(torch.empty(40, dtype=torch.long, device=device)), poison(torch.empty(7, dtype=torch.long, device=device)),
+        poison(torch.empty((7, 24) if mode == "max" else (0,), dtype=torch.long, device=device)))
+    plan.run(args)
+    expected = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, -1)
+    for got, want in zip((args.output, args.offset2bag, args.bag_size, args.max_positions), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_close(args.output, F.embedding_bag(idx.long().cpu(), w.cpu().double(), off.long().cpu(), mode=mode),
+                 dtype=dtype, scale=4)
+    sku = plan.sku()
+    assert sku.op == "embedding_bag" and sku.device_type == device.type and sku.index_dtype == torch.int32
+    # D = 24: 6 float32 or 3 bfloat16 16-byte vectors per row, so teams of 8 or 4 threads.
+    team = 8 if dtype == torch.float32 else 4
+    assert sku.variant == ("cpu_bag_loop" if device.type == "cpu" else f"bag_gather<team{team},16B>")
+    assert plan.workspace_size() == 0 and plan.precision_guarantee().deterministic
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_plan_with_caller_workspace(device, mode):
+    idx = skewed_indices(20000, 100, device)
+    off = torch.arange(0, 20000, 10, device=device)
+    w = torch.randn(100, 32, device=device, requires_grad=True)
+    psw = torch.randn(20000, device=device) if mode == "sum" else None
+    out, o2b, bag_size, max_positions = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], psw, False, -1)
+    grad = torch.randn_like(out)
+    desc = baracuda_ops.EmbeddingBagBackwardDescriptor(100, 32, (20000,), 2000, mode, device=device,
+                                                       per_sample_weights=psw is not None)
+    plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
+    assert plan.workspace_size() > 0
+    assert plan.sku().variant.startswith("cpu_counting_sort" if device.type == "cpu" else "sort_segment<")
+    gw = poison(torch.empty(100, 32, device=device))
+    gpsw = poison(torch.empty(20000, device=device)) if psw is not None else None
+    args = baracuda_ops.EmbeddingBagBackwardArgs(grad, idx, o2b, bag_size, max_positions, gw, psw,
+                                                 w.detach() if psw is not None else None, gpsw)
+    plan.run(args, baracuda_ops.Workspace.allocate(plan.workspace_size(), device))
+    expected = torch.ops.baracuda.embedding_bag_backward(grad, idx, o2b, bag_size, max_positions, 100,
+                                                         MODE_ENUM[mode], psw, -1)
+    torch.testing.assert_close(gw, expected, rtol=0, atol=0)
+    if gpsw is not None:
+        torch.testing.assert_close(
+            gpsw, torch.ops.baracuda.embedding_bag_per_sample_weights_backward(grad, w.detach(), idx, o2b, 0, -1),
+            rtol=0, atol=0)
+    with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
+        plan.run(args, baracuda_ops.Workspace.allocate(plan.workspace_size() - 1, device))
+    with pytest.raises(baracuda_ops.UnsupportedError):
+        baracuda_ops.EmbeddingBagBackwardPlan.select(desc, baracuda_ops.PlanPreference(max_workspace_bytes=0))
+
+
+def test_plan_errors(device):
+    desc = baracuda_ops.EmbeddingBagDescriptor(25, 8, (40,), 7, "sum", device=device)
+    plan = baracuda_ops.EmbeddingBagPlan.select(desc)
+    idx, off = make_bags(device)
+    w = torch.randn(25, 8, device=device)
+    outs = [torch.empty(7, 8, device=device), torch.empty(40, dtype=torch.long, device=device),
+            torch.empty(7, dtype=torch.long, device=device), torch.empty(0, dtype=torch.long, device=device)]
+    with pytest.raises(baracuda_ops.BufferTooSmallError):
+        plan.run(baracuda_ops.EmbeddingBagArgs(w, idx, off, torch.empty(6, 8, device=device), *outs[1:]))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.EmbeddingBagArgs(w.double(), idx, off, *outs))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.EmbeddingBagArgs(w, idx, None, *outs))
+    if device.type == "cpu":
+        bad = idx.clone()
+        bad[0] = 25
+        with pytest.raises(baracuda_ops.InvalidProblemError, match="out of range"):
+            plan.run(baracuda_ops.EmbeddingBagArgs(w, bad, off, *outs))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="per_sample_weights is only supported"):
+        baracuda_ops.EmbeddingBagPlan.select(baracuda_ops.EmbeddingBagDescriptor(
+            25, 8, (40,), 7, "max", per_sample_weights=True, device=device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="mode has to be one of"):
+        baracuda_ops.EmbeddingBagPlan.select(baracuda_ops.EmbeddingBagDescriptor(25, 8, (40,), 7, "min", device=device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="int32 or int64"):
+        baracuda_ops.EmbeddingBagPlan.select(baracuda_ops.EmbeddingBagDescriptor(
+            25, 8, (40,), 7, index_dtype=torch.int16, device=device))
+
+
+# ---------------------------------------------------------------------------- nn module
+
+
+def test_module_is_drop_in(device):
+    ref = torch.nn.EmbeddingBag(30, 6, mode="max", padding_idx=2).to(device)
+    ours = baracuda_ops.nn.EmbeddingBag(30, 6, mode="max", padding_idx=2).to(device)
+    ours.load_state_dict(ref.state_dict())
+    assert list(ours.state_dict()) == list(ref.state_dict()) == ["weight"]
+    idx, off = make_bags(device, num_weights=30)
+    torch.testing.assert_close(ours(idx, off), ref(idx, off), rtol=0, atol=0)
+    pre = torch.randn(30, 6, device=device)
+    m = baracuda_ops.nn.EmbeddingBag.from_pretrained(pre, freeze=False, mode="sum", include_last_offset=True)
+    assert isinstance(m, baracuda_ops.nn.EmbeddingBag) and m.weight.requires_grad
+    r = torch.nn.EmbeddingBag.from_pretrained(pre, freeze=False, mode="sum", include_last_offset=True)
+    psw = torch.randn(40, device=device)
+    torch.testing.assert_close(m(idx, off, psw), r(idx, off, psw), rtol=1e-5, atol=1e-5)
+    m(idx, off, psw).sum().backward()
+    r(idx, off, psw).sum().backward()
+    torch.testing.assert_close(m.weight.grad, r.weight.grad, rtol=1e-5, atol=1e-5)
+    for kwargs in ({"sparse": True}, {"scale_grad_by_freq": True}, {"max_norm": 1.0}):
+        with pytest.raises(baracuda_ops.UnsupportedError):
+            baracuda_ops.nn.EmbeddingBag(10, 3, **kwargs)
+
+
+# ---------------------------------------------------------------------------- CUDA bad-index reporting
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_flags_bad_bags_without_raising(mode):
+    w = torch.randn(10, 8, device="cuda", requires_grad=True)
+    idx = torch.tensor([1, 2, 3, 12, 4, 5, -1, 6, 7], device="cuda")
+    off = torch.tensor([0, 3, 6, 7], device="cuda")  # bag 1 has 12, bag 2 has -1
+    out = baracuda_ops.embedding_bag(idx, w, off, mode=mode)
+    _, _, bag_size, _ = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, -1)
+    assert bag_size.tolist()[1:3] == [-1, -1]
+    assert torch.isnan(out[1:3]).all() and not torch.isnan(out[[0, 3]]).any()
+    good = F.embedding_bag(idx.cpu()[[0, 1, 2, 7, 8]], w.detach().cpu(), torch.tensor([0, 3]), mode=mode)
+    torch.testing.assert_close(out[[0, 3]].detach().cpu(), good)
+    (dw,) = torch.autograd.grad(out[[0, 3]].sum(), w)  # backward skips the bad entries
+    torch.cuda.synchronize()
+    assert torch.isfinite(dw).all()
+    # Offsets that decrease, pass N or do not start at 0: the bags involved are flagged.
+    for bad_off in ([0, 5, 3, 7], [0, 3, 6, 20], [2, 3, 6, 7]):
+        o = baracuda_ops.embedding_bag(idx.clamp(0, 9), w, torch.tensor(bad_off, device="cuda"), mode=mode)
+        assert torch.isnan(o).any()
+    torch.cuda.synchronize()  # the context is still healthy
+    assert torch.ones(3, device="cuda").sum().item() == 3
+
+
+# ---------------------------------------------------------------------------- schemas and errors
+
+
+class TestEmbeddingBagMessages(TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.w = torch.randn(10, 4)
+        self.idx = torch.tensor([1, 2, 3, 4, 5])
+        self.off = torch.tensor([0, 2])
+
+    def test_schemas(self):
+        ops = torch.ops.baracuda
+        self.assertExpectedInline(
+            "\n".join(str(op._schema) for op in (
+                ops.embedding_bag.default, ops.embedding_bag.out, ops.embedding_bag_backward.default,
+                ops.embedding_bag_backward.out, ops.embedding_bag_per_sample_weights_backward.default,
+                ops.embedding_bag_per_sample_weights_backward.out)),
+            """\
+baracuda::embedding_bag(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode=0, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> (Tensor output, Tensor offset2bag, Tensor bag_size, Tensor max_positions)
+baracuda::embedding_bag.out(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode=0, Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1, *, Tensor(a!) output, Tensor(b!) offset2bag, Tensor(c!) bag_size, Tensor(d!) max_positions) -> ()
+baracuda::embedding_bag_backward(Tensor grad, Tensor indices, Tensor offset2bag, Tensor bag_size, Tensor max_positions, SymInt num_weights, int bag_mode, Tensor? per_sample_weights=None, int padding_idx=-1) -> Tensor
+baracuda::embedding_bag_backward.out(Tensor grad, Tensor indices, Tensor offset2bag, Tensor bag_size, Tensor max_positions, SymInt num_weights, int bag_mode, Tensor? per_sample_weights=None, int padding_idx=-1, *, Tensor(a!) grad_weight, Tensor(b!) workspace) -> ()
+baracuda::embedding_bag_per_sample_weights_backward(Tensor grad, Tensor weight, Tensor indices, Tensor offset2bag, int bag_mode, int padding_idx=-1) -> Tensor
+baracuda::embedding_bag_per_sample_weights_backward.out(Tensor grad, Tensor weight, Tensor indices, Tensor offset2bag, int bag_mode, int padding_idx=-1, *, Tensor(a!) grad_per_sample_weights) -> ()""",
+        )
+
+    def test_index_out_of_range(self):
+        idx = torch.tensor([1, 2, 10])
+        self.assertExpectedRaisesInline(
+            IndexError, lambda: baracuda_ops.embedding_bag(idx, self.w, self.off), """baracuda::embedding_bag: indices[2] = 10 is out of range for 10 embeddings (expected 0 <= index < 10)""")
+
+    def test_negative_index(self):
+        idx = torch.tensor([1, -1, 3])
+        self.assertExpectedRaisesInline(
+            IndexError, lambda: baracuda_ops.embedding_bag(idx, self.w, self.off, padding_idx=-1), """baracuda::embedding_bag: indices[1] = -1 is out of range for 10 embeddings (expected 0 <= index < 10)""")
+
+    def test_first_offset_not_zero(self):
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w, torch.tensor([1, 2])), """baracuda::embedding_bag: offsets[0] must be 0, got 1""")
+
+    def test_decreasing_offsets(self):
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w, torch.tensor([0, 3, 2])), """baracuda::embedding_bag: offsets must be non-decreasing, got offsets[2] = 2 after offsets[1] = 3""")
+
+    def test_offsets_past_end(self):
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w, torch.tensor([0, 6])), """baracuda::embedding_bag: offsets[1] = 6 is past the end of indices (5 indices)""")
+
+    def test_wrong_dims(self):
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx.view(1, 1, 5), self.w), """baracuda::embedding_bag: indices must be 1-D (with offsets) or 2-D (fixed-size bags), got shape [1, 1, 5]""")
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w.view(-1), self.off), """baracuda::embedding_bag: weight must be 2-D [num_embeddings, embedding_dim], got shape [40]""")
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx.view(5, 1), self.w, self.off), """baracuda::embedding_bag: offsets must be None when indices is 2-D (fixed-size bags), got offsets of shape [2]""")
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w), """baracuda::embedding_bag: offsets are required when indices is 1-D""")
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off.view(2, 1)), """baracuda::embedding_bag: offsets must be 1-D, got shape [2, 1]""")
+
+    def test_per_sample_weights(self):
+        psw = torch.randn(5)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, mode="mean", per_sample_weights=psw),
+            """baracuda::embedding_bag: per_sample_weights is only supported with mode 0 (sum), got mode 1 (mean)""")
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, mode="sum", per_sample_weights=psw[:4]),
+            """baracuda::embedding_bag: per_sample_weights shape [4] != indices shape [5]""")
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, mode="sum", per_sample_weights=psw.double()),
+            """baracuda::embedding_bag: per_sample_weights dtype Double != weight dtype Float""")
+
+    def test_bad_arguments(self):
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, padding_idx=10), """baracuda::embedding_bag: padding_idx must be within the number of embeddings, -10 through 9, but got 10""")
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, mode="min"), """baracuda::embedding_bag: mode has to be one of sum, mean or max, got 'min'""")
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: baracuda_ops.embedding_bag(self.idx.float(), self.w, self.off), """baracuda::embedding_bag: indices must be int32 or int64, got Float""")
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: baracuda_ops.embedding_bag(self.idx, self.w.int(), self.off), """baracuda::embedding_bag: weight must be float16, bfloat16, float32 or float64, got Int""")
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.embedding_bag(self.w, self.idx, self.off, 3), """baracuda::embedding_bag: mode must be 0 (sum), 1 (mean) or 2 (max), got 3""")
+
+    def test_unsupported_options(self):
+        self.assertExpectedRaisesInline(
+            baracuda_ops.UnsupportedError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, max_norm=1.0), """baracuda::embedding_bag: max_norm is not supported (it renormalises weight in place); call torch.embedding_renorm_ under torch.no_grad() first, or pass max_norm=None""")
+        self.assertExpectedRaisesInline(
+            baracuda_ops.UnsupportedError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, sparse=True), """baracuda::embedding_bag: sparse=True is not supported; the gradient is dense""")
+        self.assertExpectedRaisesInline(
+            baracuda_ops.UnsupportedError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, scale_grad_by_freq=True), """baracuda::embedding_bag: scale_grad_by_freq=True is not supported""")
+
+    def test_backward_errors(self):
+        _, o2b, bag_size, mp = torch.ops.baracuda.embedding_bag(self.w, self.idx, self.off, 2, None, False, -1)
+        g = torch.randn(2, 4)
+        self.assertExpectedRaisesInline(
+            IndexError,
+            lambda: torch.ops.baracuda.embedding_bag_backward(g, self.idx, o2b, bag_size, mp, 5, 2, None, -1),
+            """baracuda::embedding_bag_backward: indices[4] = 5 is out of range for 5 embeddings (expected 0 <= index < 5)""")
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.embedding_bag_backward(g, self.idx, o2b + 1, bag_size, mp, 10, 2, None, -1),
+            """baracuda::embedding_bag_backward: offset2bag[2] = 2 is not a bag (expected -1 <= bag < 2)""")
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.embedding_bag_backward(g[:, :3], self.idx, o2b, bag_size, mp, 10, 2, None, -1),
+            """baracuda::embedding_bag_backward: max_positions shape [2, 4] != expected [2, 3]""")
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.embedding_bag_per_sample_weights_backward(g, self.w, self.idx, o2b, 1, -1),
+            """baracuda::embedding_bag_per_sample_weights_backward: per_sample_weights only have a gradient in mode 0 (sum), got mode 1 (mean)""")
+
+    def test_double_backward_raises(self):
+        w = self.w.clone().requires_grad_()
+        out = baracuda_ops.embedding_bag(self.idx, w, self.off, mode="sum")
+        (dw,) = torch.autograd.grad(out.square().sum(), w, create_graph=True)
+        self.assertExpectedRaisesInline(NotImplementedError, lambda: dw.sum().backward(), """baracuda::embedding_bag_backward: double backward of embedding_bag is not supported""")
