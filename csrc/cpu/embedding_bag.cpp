@@ -315,7 +315,7 @@ at::Tensor per_sample_weights_backward_cpu(const at::Tensor& grad, const at::Ten
 // problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
 KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {"cpu_bag_loop", 0}; }
 KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
-  TORCH_CHECK_VALUE(problem.size() == 6, kEmbeddingBagBackwardOp, ": malformed problem ", problem);
+  TORCH_CHECK_VALUE(problem.size() == 6, kEmbeddingBagBackwardOp, ": malformed problem ", shape_str(problem));
   return {"cpu_counting_sort_rows", backward_workspace_bytes(problem[0], problem[2])};
 }
 KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef, c10::ScalarType) {

@@ -148,25 +148,14 @@ void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at:
   });
 }
 
-// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
-// the kernel choice depends on the problem alone.
-at::Tensor aligned_contiguous(const at::Tensor& t) {
-  auto c = t.contiguous();
-  return cuda::is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
-}
-
-bool is_aligned_contiguous(const at::Tensor& t) {
-  return t.is_contiguous() && cuda::is_aligned(t.const_data_ptr(), 16);
-}
-
 void alibi_out_cuda(const at::Tensor& scores, const at::Tensor& slopes, const at::Tensor& out) {
   check_alibi_args(kAlibiOp, "scores", scores, slopes);
   check_out(kAlibiOp, "out", out, scores.sizes(), scores.scalar_type(), scores.device());
-  TORCH_CHECK_VALUE(out.numel() == 0 || is_aligned_contiguous(out), kAlibiOp,
+  TORCH_CHECK_VALUE(out.numel() == 0 || cuda::is_aligned_contiguous(out), kAlibiOp,
                     ": out must be contiguous and 16-byte aligned on CUDA");
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(scores.device());
-  alibi_forward_cuda(aligned_contiguous(scores), slopes.contiguous(), out);
+  alibi_forward_cuda(cuda::aligned_contiguous(scores), slopes.contiguous(), out);
 }
 
 at::Tensor alibi_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
@@ -182,7 +171,7 @@ at::Tensor& alibi_inplace_cuda(at::Tensor& scores, const at::Tensor& slopes) {
   check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
   if (scores.numel() == 0) return scores;
   const c10::cuda::CUDAGuard guard(scores.device());
-  if (is_aligned_contiguous(scores)) {
+  if (cuda::is_aligned_contiguous(scores)) {
     alibi_forward_cuda(scores, slopes.contiguous(), scores);
   } else {
     scores.copy_(alibi_cuda(scores, slopes));
@@ -306,7 +295,7 @@ void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, s
                       kAlibiBackwardOp, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
                       " contiguous 16-byte-aligned bytes");
   }
-  const auto g = aligned_contiguous(grad);
+  const auto g = cuda::aligned_contiguous(grad);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "alibi_backward_cuda", [&] {
     with_slope_type<scalar_t>(slopes, [&](auto* tag) {
       using slope_t = std::remove_pointer_t<decltype(tag)>;

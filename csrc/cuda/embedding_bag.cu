@@ -103,18 +103,6 @@ BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t
   return l;
 }
 
-// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
-// the kernel choice depends on the problem alone.
-at::Tensor aligned_contiguous(const at::Tensor& t) {
-  auto c = t.contiguous();
-  return cuda::is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
-}
-
-void check_out_aligned(const char* op, const char* name, const at::Tensor& out) {
-  TORCH_CHECK_VALUE(out.numel() == 0 || (out.is_contiguous() && cuda::is_aligned(out.const_data_ptr(), 16)), op,
-                    ": ", name, " must be contiguous and 16-byte aligned on CUDA");
-}
-
 int64_t grid_stride_blocks(int64_t n) {
   return std::max<int64_t>(1, std::min<int64_t>(ceil_div<int64_t>(n, kThreads), int64_t(cuda::num_sms()) * 8));
 }
@@ -247,7 +235,7 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
   const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
                                      padding_idx);
   check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
-  check_out_aligned(kEmbeddingBagOp, "output", output);
+  cuda::check_out_aligned(kEmbeddingBagOp, "output", output);
   const c10::cuda::CUDAGuard guard(weight.device());
   if (g.num_bags == 0) {
     if (offset2bag.numel() > 0) offset2bag.fill_(-1);
@@ -257,7 +245,7 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
   c10::optional<at::Tensor> offsets = offsets_in;
   promote_indices_and_offsets(indices, offsets);
   if (offsets.has_value()) offsets = offsets->contiguous();
-  const auto w = aligned_contiguous(weight);
+  const auto w = cuda::aligned_contiguous(weight);
   const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
   const auto c = choose_team(g.dim, weight.element_size(), kThreads);
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_cuda", [&] {
@@ -564,7 +552,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
                                per_sample_weights, padding_idx);
   const int64_t B = grad_in.size(0), D = grad_in.size(1), N = indices_in.numel();
   check_out(op, "grad_weight", grad_weight, {num_weights, D}, grad_in.scalar_type(), grad_in.device());
-  check_out_aligned(op, "grad_weight", grad_weight);
+  cuda::check_out_aligned(op, "grad_weight", grad_weight);
   if (grad_weight.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
   if (backward_is_trivial(num_weights, D, N, B)) {
@@ -581,7 +569,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   const auto offset2bag = offset2bag_in.contiguous();
   const auto bag_size = bag_size_in.contiguous();
   const auto max_positions = max_positions_in.contiguous();
-  const auto grad = aligned_contiguous(grad_in);
+  const auto grad = cuda::aligned_contiguous(grad_in);
   const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
   const auto stream = c10::cuda::getCurrentCUDAStream();
   char* ws = static_cast<char*>(workspace.mutable_data_ptr());
@@ -697,8 +685,8 @@ void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::T
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
-  const auto grad = aligned_contiguous(grad_in);
-  const auto weight = aligned_contiguous(weight_in);
+  const auto grad = cuda::aligned_contiguous(grad_in);
+  const auto weight = cuda::aligned_contiguous(weight_in);
   const int64_t D = weight.size(1);
   const auto c = choose_team(D, weight.element_size(), 32);
   const int64_t blocks = ceil_div<int64_t>(N, kThreads / c.team);
@@ -729,7 +717,7 @@ at::Tensor per_sample_weights_backward_cuda(const at::Tensor& grad, const at::Te
 // problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
 void check_problem(const char* op, c10::IntArrayRef problem) {
   TORCH_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0 && problem[3] >= 0,
-                    op, ": malformed problem ", problem);
+                    op, ": malformed problem ", shape_str(problem));
 }
 
 KernelChoice embedding_bag_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {

@@ -307,27 +307,15 @@ void launch_repeat_by_size(const at::Tensor& x, const at::Tensor& out, const Til
   }
 }
 
-// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
-// the kernel choice depends on the problem alone.
-at::Tensor aligned_contiguous(const at::Tensor& t) {
-  auto c = t.contiguous();
-  return cuda::is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
-}
-
-void check_out_aligned(const char* op, const char* name, const at::Tensor& out) {
-  TORCH_CHECK_VALUE(out.numel() == 0 || (out.is_contiguous() && cuda::is_aligned(out.const_data_ptr(), 16)), op,
-                    ": ", name, " must be contiguous and 16-byte aligned on CUDA");
-}
-
 void repeat_out_cuda(const at::Tensor& self, at::IntArrayRef repeats, const at::Tensor& out) {
   const auto shape = repeat_output_shape(kRepeatOp, self.sizes(), repeats);
   check_out(kRepeatOp, "out", out, shape, self.scalar_type(), self.device());
-  check_out_aligned(kRepeatOp, "out", out);
+  cuda::check_out_aligned(kRepeatOp, "out", out);
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
   const auto t = collapse_tiling(kRepeatOp, self.sizes(), repeats);
   const auto c = choose_repeat(t, self.element_size());
-  const auto x = aligned_contiguous(self);
+  const auto x = cuda::aligned_contiguous(self);
   c.index32 ? launch_repeat_by_size<uint32_t>(x, out, t, c) : launch_repeat_by_size<uint64_t>(x, out, t, c);
 }
 
@@ -471,7 +459,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
                               const at::Tensor& grad_input, const at::Tensor& workspace) {
   check_repeat_backward(grad, repeats, input_shape);
   check_out(kRepeatBackwardOp, "grad_input", grad_input, input_shape, grad.scalar_type(), grad.device());
-  check_out_aligned(kRepeatBackwardOp, "grad_input", grad_input);
+  cuda::check_out_aligned(kRepeatBackwardOp, "grad_input", grad_input);
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
   if (grad.numel() == 0) {
@@ -488,7 +476,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
                       kRepeatBackwardOp, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
                       " contiguous 16-byte-aligned bytes");
   }
-  const auto g = aligned_contiguous(grad);
+  const auto g = cuda::aligned_contiguous(grad);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "repeat_backward_cuda", [&] {
     constexpr int kV = 16 / sizeof(scalar_t);
     const bool vec = c.vec_bytes == 16;

@@ -1,7 +1,8 @@
-// Small CUDA helpers shared by every .cu file: 16-byte vectors, device facts,
-// warp/block reductions in a fixed order (deterministic).
+// Small CUDA helpers shared by every .cu file: 16-byte vectors and alignment,
+// device facts, warp/block reductions in a fixed order (deterministic).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/macros/Macros.h>
@@ -36,6 +37,24 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
 
 inline bool is_aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+inline bool is_aligned_contiguous(const at::Tensor& t) {
+  return t.is_contiguous() && is_aligned(t.const_data_ptr(), 16);
+}
+
+// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
+// a kernel choice can depend on the problem alone.
+inline at::Tensor aligned_contiguous(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
+}
+
+// Outputs written by 16-byte stores must be contiguous and aligned (fresh
+// allocations always are; a caller's out-variant buffer may not be).
+inline void check_out_aligned(const char* op, const char* name, const at::Tensor& out) {
+  TORCH_CHECK_VALUE(out.numel() == 0 || is_aligned_contiguous(out), op, ": ", name,
+                    " must be contiguous and 16-byte aligned on CUDA");
 }
 
 // Multiprocessor count of the current device, read once per device.

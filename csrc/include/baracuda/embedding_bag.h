@@ -80,7 +80,7 @@ inline BagGeometry check_embedding_bag(const at::Tensor& weight, const at::Tenso
   check_mode(op, mode);
   check_floating(op, "weight", weight);
   TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got shape ",
-                    weight.sizes());
+                    shape_str(weight.sizes()));
   check_index_dtype(op, "indices", indices);
   check_same_device(op, "weight", weight, "indices", indices);
   BagGeometry g;
@@ -92,16 +92,16 @@ inline BagGeometry check_embedding_bag(const at::Tensor& weight, const at::Tenso
   check_padding_idx(op, padding_idx, g.num_weights);
   if (indices.dim() == 2) {
     TORCH_CHECK_VALUE(!offsets.has_value(), op, ": offsets must be None when indices is 2-D (fixed-size bags), got "
-                      "offsets of shape ", offsets->sizes());
+                      "offsets of shape ", shape_str(offsets->sizes()));
     g.num_bags = indices.size(0);
     g.fixed_len = indices.size(1);
   } else {
     TORCH_CHECK_VALUE(indices.dim() == 1, op,
-                      ": indices must be 1-D (with offsets) or 2-D (fixed-size bags), got shape ", indices.sizes());
+                      ": indices must be 1-D (with offsets) or 2-D (fixed-size bags), got shape ", shape_str(indices.sizes()));
     TORCH_CHECK_VALUE(offsets.has_value(), op, ": offsets are required when indices is 1-D");
     check_index_dtype(op, "offsets", *offsets);
     check_same_device(op, "weight", weight, "offsets", *offsets);
-    TORCH_CHECK_VALUE(offsets->dim() == 1, op, ": offsets must be 1-D, got shape ", offsets->sizes());
+    TORCH_CHECK_VALUE(offsets->dim() == 1, op, ": offsets must be 1-D, got shape ", shape_str(offsets->sizes()));
     g.num_offsets = offsets->size(0);
     TORCH_CHECK_VALUE(!include_last_offset || g.num_offsets >= 1, op,
                       ": include_last_offset needs at least 1 offset, got 0");
@@ -113,7 +113,7 @@ inline BagGeometry check_embedding_bag(const at::Tensor& weight, const at::Tenso
     check_same_dtype(op, "weight", weight, "per_sample_weights", *per_sample_weights);
     check_same_device(op, "weight", weight, "per_sample_weights", *per_sample_weights);
     TORCH_CHECK_VALUE(per_sample_weights->sizes() == indices.sizes(), op, ": per_sample_weights shape ",
-                      per_sample_weights->sizes(), " != indices shape ", indices.sizes());
+                      shape_str(per_sample_weights->sizes()), " != indices shape ", shape_str(indices.sizes()));
   }
   return g;
 }
@@ -172,7 +172,7 @@ inline void check_embedding_bag_backward(const at::Tensor& grad, const at::Tenso
   const char* op = kEmbeddingBagBackwardOp;
   check_mode(op, mode);
   check_floating(op, "grad", grad);
-  TORCH_CHECK_VALUE(grad.dim() == 2, op, ": grad must be 2-D [num_bags, embedding_dim], got shape ", grad.sizes());
+  TORCH_CHECK_VALUE(grad.dim() == 2, op, ": grad must be 2-D [num_bags, embedding_dim], got shape ", shape_str(grad.sizes()));
   checked_nonneg(op, "num_weights", num_weights);
   check_padding_idx(op, padding_idx, num_weights);
   check_index_dtype(op, "indices", indices);
@@ -189,7 +189,7 @@ inline void check_embedding_bag_backward(const at::Tensor& grad, const at::Tenso
     check_same_dtype(op, "grad", grad, "per_sample_weights", *per_sample_weights);
     check_same_device(op, "grad", grad, "per_sample_weights", *per_sample_weights);
     TORCH_CHECK_VALUE(per_sample_weights->sizes() == indices.sizes(), op, ": per_sample_weights shape ",
-                      per_sample_weights->sizes(), " != indices shape ", indices.sizes());
+                      shape_str(per_sample_weights->sizes()), " != indices shape ", shape_str(indices.sizes()));
   }
 }
 
@@ -203,8 +203,8 @@ inline void check_per_sample_weights_backward(const at::Tensor& grad, const at::
   check_floating(op, "grad", grad);
   check_same_dtype(op, "grad", grad, "weight", weight);
   TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got shape ",
-                    weight.sizes());
-  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.size(1) == weight.size(1), op, ": grad shape ", grad.sizes(),
+                    shape_str(weight.sizes()));
+  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.size(1) == weight.size(1), op, ": grad shape ", shape_str(grad.sizes()),
                     " != expected [num_bags, ", weight.size(1), "]");
   check_padding_idx(op, padding_idx, weight.size(0));
   check_index_dtype(op, "indices", indices);
