@@ -31,9 +31,6 @@ def _extension():
     sources = [os.path.join("csrc", "registration.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     define_macros: list = []
-    # torch.Tag.inplace (for in-place custom ops under torch.compile) is newer than some torch builds we target.
-    if hasattr(torch.Tag, "inplace"):
-        define_macros.append(("BARACUDA_HAVE_INPLACE_TAG", "1"))
     cxx_flags = ["-O3"]
     if not with_cuda:
         return CppExtension(

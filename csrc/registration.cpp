@@ -105,11 +105,10 @@ TORCH_LIBRARY(baracuda, m) {
   // alibi
   m.def("alibi(Tensor scores, Tensor slopes) -> Tensor");
   m.def("alibi.out(Tensor scores, Tensor slopes, *, Tensor(a!) out) -> ()");
-#ifdef BARACUDA_HAVE_INPLACE_TAG
-  m.def("alibi_(Tensor(a!) scores, Tensor slopes) -> Tensor(a!)", {at::Tag::inplace});
-#else
-  m.def("alibi_(Tensor(a!) scores, Tensor slopes) -> Tensor(a!)");
-#endif
+  // In-place variant (baracuda_ops.alibi_). Not named `alibi_`: torch.compile treats a
+  // trailing underscore as ATen's in-place convention (returns self), and a custom
+  // op returning an alias of its input cannot be functionalized on torch 2.11.
+  m.def("alibi_inplace(Tensor(a!) scores, Tensor slopes) -> ()");
   m.def("alibi_backward(Tensor grad, Tensor slopes, bool[2] output_mask) -> (Tensor grad_scores, Tensor grad_slopes)");
   m.def(
       "alibi_backward.out(Tensor grad, Tensor slopes, bool[2] output_mask, *, Tensor(a!) grad_scores, "

@@ -180,7 +180,7 @@ def test_opcheck(device, requires_grad):
         slopes = _slopes(shape[1], torch.float32, device).requires_grad_(requires_grad)
         opcheck(torch.ops.baracuda.alibi.default, (scores, slopes))
         # In place: the scores are written, so only the slopes may require grad.
-        opcheck(torch.ops.baracuda.alibi_.default, (scores.detach().clone(), slopes))
+        opcheck(torch.ops.baracuda.alibi_inplace.default, (scores.detach().clone(), slopes))
         grad = random(shape, torch.float32, device, requires_grad=requires_grad)
         for mask in ([True, True], [False, True], [True, False]):
             opcheck(torch.ops.baracuda.alibi_backward.default, (grad, slopes.detach(), mask))
@@ -336,7 +336,7 @@ class TestAlibiMessages(TestCase):
                 for op in (
                     torch.ops.baracuda.alibi.default,
                     torch.ops.baracuda.alibi.out,
-                    torch.ops.baracuda.alibi_.default,
+                    torch.ops.baracuda.alibi_inplace.default,
                     torch.ops.baracuda.alibi_backward.default,
                     torch.ops.baracuda.alibi_backward.out,
                 )
@@ -344,11 +344,10 @@ class TestAlibiMessages(TestCase):
             """\
 baracuda::alibi(Tensor scores, Tensor slopes) -> Tensor
 baracuda::alibi.out(Tensor scores, Tensor slopes, *, Tensor(a!) out) -> ()
-baracuda::alibi_(Tensor(a!) scores, Tensor slopes) -> Tensor(a!)
+baracuda::alibi_inplace(Tensor(a!) scores, Tensor slopes) -> ()
 baracuda::alibi_backward(Tensor grad, Tensor slopes, bool[2] output_mask) -> (Tensor grad_scores, Tensor grad_slopes)
 baracuda::alibi_backward.out(Tensor grad, Tensor slopes, bool[2] output_mask, *, Tensor(a!) grad_scores, Tensor(b!) grad_slopes, Tensor(c!) workspace) -> ()""",
         )
-        assert torch.Tag.inplace in torch.ops.baracuda.alibi_.default.tags
 
     def test_scores_not_4d(self):
         self.assertExpectedRaisesInline(
@@ -367,8 +366,8 @@ baracuda::alibi_backward.out(Tensor grad, Tensor slopes, bool[2] output_mask, *,
     def test_slopes_2d(self):
         self.assertExpectedRaisesInline(
             ValueError,
-            lambda: torch.ops.baracuda.alibi_(torch.randn(2, 4, 3, 3), torch.randn(4, 1)),
-            """baracuda::alibi_: slopes shape [4, 1] != expected [4] (one slope per head of scores [2, 4, 3, 3])""",
+            lambda: torch.ops.baracuda.alibi_inplace(torch.randn(2, 4, 3, 3), torch.randn(4, 1)),
+            """baracuda::alibi_inplace: slopes shape [4, 1] != expected [4] (one slope per head of scores [2, 4, 3, 3])""",
         )
 
     def test_integer_scores(self):

@@ -54,7 +54,8 @@ def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
 
 def alibi_(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     """In-place :func:`alibi`: adds the bias to ``scores`` and returns it."""
-    return torch.ops.baracuda.alibi_(scores, slopes)
+    torch.ops.baracuda.alibi_inplace(scores, slopes)
+    return scores
 
 
 def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
@@ -101,10 +102,10 @@ def _alibi_out_fake(scores, slopes, *, out):
     return None
 
 
-@torch.library.register_fake("baracuda::alibi_")
+@torch.library.register_fake("baracuda::alibi_inplace")
 def _alibi_inplace_fake(scores, slopes):
-    _check_shapes("alibi_", "scores", scores, slopes)
-    return scores
+    _check_shapes("alibi_inplace", "scores", scores, slopes)
+    return None
 
 
 @torch.library.register_fake("baracuda::alibi_backward")
@@ -169,7 +170,7 @@ class _AlibiInplaceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, keyset, scores, slopes):
         with torch._C._AutoDispatchBelowAutograd():
-            torch.ops.baracuda.alibi_.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
+            torch.ops.baracuda.alibi_inplace.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
         ctx.mark_dirty(scores)
         ctx.save_for_backward(slopes)
         return scores
@@ -186,15 +187,15 @@ class _AlibiInplaceFunction(torch.autograd.Function):
 
 def _alibi_inplace_autograd(keyset, scores, slopes):
     if torch.is_grad_enabled() and (scores.requires_grad or slopes.requires_grad):
-        return _AlibiInplaceFunction.apply(keyset, scores, slopes)
+        _AlibiInplaceFunction.apply(keyset, scores, slopes)  # rebases scores' history onto this op
+        return
     with torch._C._AutoDispatchBelowAutograd():
-        torch.ops.baracuda.alibi_.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
+        torch.ops.baracuda.alibi_inplace.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
     torch.autograd.graph.increment_version(scores)
-    return scores
 
 
 _lib = torch.library.Library("baracuda", "IMPL")  # noqa: TOR901  (kept alive with the module)
-_lib.impl("alibi_", _alibi_inplace_autograd, "Autograd", with_keyset=True)
+_lib.impl("alibi_inplace", _alibi_inplace_autograd, "Autograd", with_keyset=True)
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -64,15 +64,14 @@ at::Tensor alibi_cpu(const at::Tensor& scores, const at::Tensor& slopes) {
 }
 
 // In place on a contiguous tensor; any other layout goes through a contiguous result.
-at::Tensor& alibi_inplace_cpu(at::Tensor& scores, const at::Tensor& slopes) {
+void alibi_inplace_cpu(const at::Tensor& scores, const at::Tensor& slopes) {
   check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
-  if (scores.numel() == 0) return scores;
+  if (scores.numel() == 0) return;
   if (scores.is_contiguous()) {
     launch_alibi_rows(scores, slopes, scores);
   } else {
     scores.copy_(alibi_cpu(scores, slopes));
   }
-  return scores;
 }
 
 // grad_slopes[h] = sum over b, then i, of row_sum[(b H + h) Q + i], with
@@ -161,7 +160,7 @@ BARACUDA_REGISTER_VARIANT("alibi_backward", c10::DeviceType::CPU, alibi_backward
 TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
   m.impl("alibi", &baracuda::alibi_cpu);
   m.impl("alibi.out", &baracuda::alibi_out_cpu);
-  m.impl("alibi_", &baracuda::alibi_inplace_cpu);
+  m.impl("alibi_inplace", &baracuda::alibi_inplace_cpu);
   m.impl("alibi_backward", &baracuda::alibi_backward_cpu);
   m.impl("alibi_backward.out", &baracuda::alibi_backward_out_cpu);
 }

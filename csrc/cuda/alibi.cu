@@ -167,16 +167,15 @@ at::Tensor alibi_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
 
 // In place on a contiguous, aligned tensor; any other layout goes through a
 // contiguous result copied back.
-at::Tensor& alibi_inplace_cuda(at::Tensor& scores, const at::Tensor& slopes) {
+void alibi_inplace_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
   check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
-  if (scores.numel() == 0) return scores;
+  if (scores.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(scores.device());
   if (cuda::is_aligned_contiguous(scores)) {
     alibi_forward_cuda(scores, slopes.contiguous(), scores);
   } else {
     scores.copy_(alibi_cuda(scores, slopes));
   }
-  return scores;
 }
 
 // ---------------------------------------------------------------------------
@@ -354,7 +353,7 @@ BARACUDA_REGISTER_VARIANT("alibi_backward", c10::DeviceType::CUDA, alibi_backwar
 TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
   m.impl("alibi", &baracuda::alibi_cuda);
   m.impl("alibi.out", &baracuda::alibi_out_cuda);
-  m.impl("alibi_", &baracuda::alibi_inplace_cuda);
+  m.impl("alibi_inplace", &baracuda::alibi_inplace_cuda);
   m.impl("alibi_backward", &baracuda::alibi_backward_cuda);
   m.impl("alibi_backward.out", &baracuda::alibi_backward_out_cuda);
 }

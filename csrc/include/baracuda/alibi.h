@@ -21,7 +21,7 @@
 namespace baracuda {
 
 constexpr const char* kAlibiOp = "baracuda::alibi";
-constexpr const char* kAlibiInplaceOp = "baracuda::alibi_";
+constexpr const char* kAlibiInplaceOp = "baracuda::alibi_inplace";
 constexpr const char* kAlibiBackwardOp = "baracuda::alibi_backward";
 
 // `scores_name` is "scores" for the forward ops and "grad" for the backward.
