@@ -9,7 +9,6 @@
 #include <cmath>
 #include <optional>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "baracuda/checks.h"
@@ -119,18 +118,6 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
   });
 }
 
-// Calls fn(W{}) with W the weight's element type: scalar_t, or float for a
-// float32 weight on a half input (the only mixed pair the checks admit).
-template <typename scalar_t, typename Fn>
-void with_weight_type(const at::Tensor& input, const std::optional<at::Tensor>& weight, Fn&& fn) {
-  if constexpr (std::is_same_v<at::opmath_type<scalar_t>, float> && !std::is_same_v<scalar_t, float>) {
-    if (weight.has_value() && weight->defined() && weight->scalar_type() != input.scalar_type()) return fn(float{});
-  }
-  fn(scalar_t{});
-}
-
-bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
 void check_contiguous_out(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
@@ -146,7 +133,7 @@ void rms_norm_out_cpu(const at::Tensor& input, at::IntArrayRef normalized_shape,
   check_contiguous_out(kRmsNormOp, "rstd", rstd);
   if (rows.M == 0) return;
   const auto x = input.contiguous();
-  const auto w = has(weight) ? weight->contiguous() : at::Tensor();
+  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
   BARACUDA_DISPATCH_FLOATING(input.scalar_type(), "rms_norm_cpu", [&] {
     with_weight_type<scalar_t>(input, weight, [&](auto w_tag) {
@@ -175,7 +162,7 @@ void rms_norm_backward_out_cpu(const at::Tensor& grad_out, const at::Tensor& inp
   const char* op = kRmsNormBackwardOp;
   const auto rows = check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);
   const bool want_dx = output_mask[0];
-  const bool want_dw = output_mask[1] && has(weight);
+  const bool want_dw = output_mask[1] && has_tensor(weight);
   if (want_dx) {
     check_out(op, "grad_input", grad_input, input.sizes(), input.scalar_type(), input.device());
     check_contiguous_out(op, "grad_input", grad_input);
@@ -193,7 +180,7 @@ void rms_norm_backward_out_cpu(const at::Tensor& grad_out, const at::Tensor& inp
   const auto dy = grad_out.contiguous();
   const auto x = input.contiguous();
   const auto r = rstd.contiguous();
-  const auto w = has(weight) ? weight->contiguous() : at::Tensor();
+  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
   BARACUDA_DISPATCH_FLOATING(input.scalar_type(), "rms_norm_backward_cpu", [&] {
     with_weight_type<scalar_t>(input, weight, [&](auto w_tag) {
       using W = decltype(w_tag);
@@ -214,7 +201,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_
   check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);
   at::Tensor grad_input, grad_weight;
   if (output_mask[0]) grad_input = at::empty(input.sizes(), input.options());
-  if (output_mask[1] && has(weight)) grad_weight = at::empty(normalized_shape, weight->options());
+  if (output_mask[1] && has_tensor(weight)) grad_weight = at::empty(normalized_shape, weight->options());
   const auto none = at::empty({0}, input.options());
   rms_norm_backward_out_cpu(grad_out, input, normalized_shape, rstd, weight, output_mask,
                             grad_input.defined() ? grad_input : none, grad_weight.defined() ? grad_weight : none,

@@ -11,6 +11,7 @@
 // Weight: same dtype as the input, or float32 with a float16/bfloat16 input.
 #pragma once
 
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "baracuda/checks.h"
@@ -38,6 +40,8 @@ inline double rms_default_eps(c10::ScalarType t) {
   return t == at::kDouble ? std::numeric_limits<double>::epsilon()
                           : static_cast<double>(std::numeric_limits<float>::epsilon());
 }
+
+inline bool has_tensor(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // normalized_shape has >= 1 dims and equals the input's trailing dims.
 inline RowShape rms_row_shape(const char* op, c10::IntArrayRef input_shape, c10::IntArrayRef normalized_shape) {
@@ -73,7 +77,7 @@ inline RowShape check_rms_norm(const at::Tensor& input, c10::IntArrayRef normali
                                const std::optional<at::Tensor>& weight) {
   check_floating(kRmsNormOp, "input", input);
   const auto rows = rms_row_shape(kRmsNormOp, input.sizes(), normalized_shape);
-  if (weight.has_value() && weight->defined()) check_rms_weight(kRmsNormOp, input, *weight, normalized_shape);
+  if (has_tensor(weight)) check_rms_weight(kRmsNormOp, input, *weight, normalized_shape);
   return rows;
 }
 
@@ -94,8 +98,18 @@ inline RowShape check_rms_norm_backward(const at::Tensor& grad_out, const at::Te
   const auto stat_shape = rms_rstd_shape(input.sizes(), normalized_shape.size());
   TORCH_CHECK_VALUE(rstd.sizes() == c10::IntArrayRef(stat_shape), op, ": rstd shape ", rstd.sizes(),
                     " != expected ", c10::IntArrayRef(stat_shape));
-  if (weight.has_value() && weight->defined()) check_rms_weight(op, input, *weight, normalized_shape);
+  if (has_tensor(weight)) check_rms_weight(op, input, *weight, normalized_shape);
   return rows;
+}
+
+// Calls fn(W{}) with W the weight's element type: scalar_t, or float for a
+// float32 weight on a half input (the only mixed pair the checks admit).
+template <typename scalar_t, typename Fn>
+void with_weight_type(const at::Tensor& input, const std::optional<at::Tensor>& weight, Fn&& fn) {
+  if constexpr (std::is_same_v<at::opmath_type<scalar_t>, float> && !std::is_same_v<scalar_t, float>) {
+    if (has_tensor(weight) && weight->scalar_type() != input.scalar_type()) return fn(float{});
+  }
+  fn(scalar_t{});
 }
 
 }  // namespace baracuda
