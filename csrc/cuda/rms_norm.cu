@@ -6,7 +6,8 @@
 // long rows. Thread u of a row holds vectors q = j * row_threads + u (j < kVpt) of
 // V elements in registers, so x (and dy) are read from memory exactly once; the
 // row's sum is a fixed-order shuffle / block / cluster reduction. Rows longer than
-// kVpt * 1024 * 8 vectors use a two-pass kernel that reads x twice.
+// kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use a two-pass
+// kernel that reads x (and dy) twice.
 //
 // Bytes moved (e = element size, a = rstd size, w = weight bytes):
 //   forward : M*N*e read + M*N*e written + M*a written (+ w, cached)
@@ -41,7 +42,8 @@ namespace cg = cooperative_groups;
 using cuda::ceil_div;
 
 constexpr int kVpt = 4;              // vectors each thread keeps in registers
-constexpr int kMaxThreads = 1024;    // largest CTA of the register kernels
+constexpr int kMaxThreads = 1024;    // largest CTA of the forward register kernel
+constexpr int kBwdMaxThreads = 512;  // backward: x and dy in registers need up to 128 per thread
 constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
 constexpr int kMaxCluster = 8;       // portable thread-block cluster size
 constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
@@ -96,10 +98,10 @@ RmsChoice choose_rms(int64_t M, int64_t N, int64_t elem, int64_t acc_bytes, bool
     c.block = kRowsBlock;
   } else {
     // One row per CTA, or per cluster of CTAs; prefer CTAs of <= 512 threads
-    // (several resident per SM), then up to 1024.
+    // (several resident per SM), then (forward only) up to 1024.
     const int max_cluster = sm_major() >= 9 ? kMaxCluster : 1;
     bool found = false;
-    for (int cap : {512, kMaxThreads}) {
+    for (int cap : {kBwdMaxThreads, backward ? kBwdMaxThreads : kMaxThreads}) {
       for (int cl = 1; cl <= max_cluster && !found; cl *= 2) {
         const int64_t threads = ceil_div<int64_t>(nv, int64_t(kVpt) * cl);
         if (threads <= cap) {
@@ -318,7 +320,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
 
 template <typename T, typename W, typename AccT, int V>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kBwdMaxThreads)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials, int64_t M, int N,
                         int group, int cluster) {
