@@ -44,7 +44,16 @@ TORCH_LIBRARY(baracuda, m) {
       "Tensor(b!) workspace) -> ()");
 
   // rms_norm
-
+  m.def("rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor output, Tensor rstd)");
+  m.def(
+      "rms_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, *, "
+      "Tensor(a!) output, Tensor(b!) rstd) -> ()");
+  m.def(
+      "rms_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, "
+      "bool[2] output_mask) -> (Tensor grad_input, Tensor grad_weight)");
+  m.def(
+      "rms_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, "
+      "bool[2] output_mask, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) workspace) -> ()");
   // (rms_norm schemas end)
 
   // embedding_bag

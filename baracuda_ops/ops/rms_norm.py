@@ -1,0 +1,436 @@
+"""rms_norm family: ``torch.nn.functional.rms_norm`` and its backward.
+
+The input is viewed as ``[M, N]`` rows, ``N = prod(normalized_shape)`` (its
+trailing dims). Per row, in float32 (float64 for float64 input)::
+
+    rstd = 1 / sqrt(mean(x**2) + eps),   y = x * rstd * w
+    dx   = rstd * (dy * w) - x * rstd**3 * mean(dy * w * x)
+    dw   = sum over rows of dy * x * rstd      (ordered partials, no atomics)
+
+Semantics follow ``torch.nn.functional.rms_norm``:
+
+* output dtype = input dtype, also with a float32 weight on a float16/bfloat16
+  input (PyTorch computes ``x * rstd * w`` in float32 and casts it to the input
+  dtype); a weight must have the input's dtype, or be float32 with a half input;
+* ``eps=None`` means the machine epsilon of the computation type:
+  ``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 and
+  ``torch.finfo(torch.float64).eps`` for float64 — what PyTorch's kernels use;
+* ``rstd`` has the input's shape with the normalized dims set to 1, in float32,
+  or float64 for a float64 input (as ``aten::_fused_rms_norm`` returns it; a
+  float32 rstd would cap a float64 backward at float32 precision).
+
+``rms_norm_backward`` follows ``aten::_fused_rms_norm_backward``: an output
+left out by ``output_mask`` is ``None`` (an undefined tensor), and so is
+``grad_weight`` when ``weight`` is None. ``grad_weight`` has the weight's dtype.
+In ``rms_norm_backward.out`` such outputs are not touched (pass any tensor, e.g.
+an empty one). Its ``workspace`` holds the dW partials (float32, float64 for
+float64): ``RMSNormBackwardPlan.workspace_size()`` bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
+
+__all__ = [
+    "rms_norm",
+    "RMSNormDescriptor",
+    "RMSNormArgs",
+    "RMSNormPlan",
+    "RMSNormBackwardDescriptor",
+    "RMSNormBackwardArgs",
+    "RMSNormBackwardPlan",
+]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int] | int,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """Same result as ``torch.nn.functional.rms_norm``; differentiable w.r.t. ``x`` and ``weight``
+    (once: a gradient of the gradient raises NotImplementedError)."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    return torch.ops.baracuda.rms_norm(x, list(normalized_shape), weight, eps)[0]
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_dims(op: str, input_shape: Sequence, normalized_shape: Sequence) -> None:
+    """What the fakes can check without guarding on symbolic sizes."""
+    if len(normalized_shape) == 0:
+        raise ValueError(f"baracuda::{op}: normalized_shape must have at least 1 dim, got []")
+    if len(normalized_shape) > len(input_shape):
+        raise ValueError(
+            f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
+            f"input shape {list(input_shape)}"
+        )
+
+
+def _rstd_shape(input_shape: Sequence, normalized_dims: int) -> list:
+    return list(input_shape[: len(input_shape) - normalized_dims]) + [1] * normalized_dims
+
+
+@torch.library.register_fake("baracuda::rms_norm")
+def _rms_norm_fake(x, normalized_shape, weight=None, eps=None):
+    _check_dims("rms_norm", x.shape, normalized_shape)
+    rstd = x.new_empty(_rstd_shape(x.shape, len(normalized_shape)), dtype=_acc_dtype(x.dtype))
+    return torch.empty_like(x, memory_format=torch.contiguous_format), rstd
+
+
+@torch.library.register_fake("baracuda::rms_norm.out")
+def _rms_norm_out_fake(x, normalized_shape, weight=None, eps=None, *, output, rstd):
+    return None
+
+
+@torch.library.register_fake("baracuda::rms_norm_backward")
+def _rms_norm_backward_fake(grad_out, x, normalized_shape, rstd, weight, output_mask):
+    _check_dims("rms_norm_backward", x.shape, normalized_shape)
+    grad_input = torch.empty_like(x, memory_format=torch.contiguous_format) if output_mask[0] else None
+    grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if (
+        output_mask[1] and weight is not None) else None
+    return grad_input, grad_weight
+
+
+@torch.library.register_fake("baracuda::rms_norm_backward.out")
+def _rms_norm_backward_out_fake(grad_out, x, normalized_shape, rstd, weight, output_mask, *, grad_input,
+                                grad_weight, workspace):
+    return None
+
+
+def _rms_norm_setup_context(ctx, inputs, output):
+    x, normalized_shape, weight, _ = inputs
+    _, rstd = output
+    ctx.normalized_shape = normalized_shape
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, weight, rstd)
+
+
+def _rms_norm_autograd(ctx, grad_out, _grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
+    if not any(mask):
+        return None, None, None, None
+    grad_input, grad_weight = torch.ops.baracuda.rms_norm_backward(grad_out, x, ctx.normalized_shape, rstd, weight, mask)
+    return grad_input, None, grad_weight, None
+
+
+def _rms_norm_backward_setup_context(ctx, inputs, output):
+    pass
+
+
+def _rms_norm_backward_autograd(ctx, *grads):
+    raise NotImplementedError(
+        "baracuda::rms_norm_backward: double backward (the gradient of rms_norm's gradient) is not supported"
+    )
+
+
+torch.library.register_autograd("baracuda::rms_norm", _rms_norm_autograd, setup_context=_rms_norm_setup_context)
+torch.library.register_autograd(
+    "baracuda::rms_norm_backward", _rms_norm_backward_autograd, setup_context=_rms_norm_backward_setup_context
+)
+
+
+# --------------------------------------------------------------------------- Plan API
+#
+# problem encoding (for the kernel choice): forward [M, N], backward [M, N, computes grad_weight],
+# with N = prod(normalized_shape) and M = numel / N (the rows).
+
+
+def _rows(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int]) -> tuple[int, int]:
+    _check_dims(op, input_shape, normalized_shape)
+    k = len(normalized_shape)
+    if tuple(input_shape[len(input_shape) - k:]) != tuple(normalized_shape):
+        raise ValueError(
+            f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
+            f"input shape {list(input_shape)}"
+        )
+    return math.prod(input_shape[: len(input_shape) - k]), math.prod(normalized_shape)
+
+
+def _check_dtypes(op: str, dtype: torch.dtype, weight_dtype: torch.dtype | None) -> None:
+    if dtype not in _FLOATS:
+        raise InvalidProblemError(f"baracuda::{op}: input must be float16, bfloat16, float32 or float64, got {dtype}")
+    if weight_dtype is not None and weight_dtype != dtype and not (
+            weight_dtype == torch.float32 and dtype in (torch.float16, torch.bfloat16)):
+        raise InvalidProblemError(f"baracuda::{op}: weight dtype {weight_dtype} is not supported with input dtype {dtype}")
+
+
+@dataclass(frozen=True)
+class RMSNormDescriptor:
+    input_shape: tuple[int, ...]
+    normalized_shape: tuple[int, ...]
+    dtype: torch.dtype
+    has_weight: bool = True
+    weight_dtype: torch.dtype | None = None  # None: the input dtype
+    eps: float | None = None
+    device: torch.device | str = "cpu"
+
+    @property
+    def rstd_shape(self) -> tuple[int, ...]:
+        return tuple(_rstd_shape(self.input_shape, len(self.normalized_shape)))
+
+    @property
+    def resolved_weight_dtype(self) -> torch.dtype | None:
+        return (self.weight_dtype or self.dtype) if self.has_weight else None
+
+
+@dataclass
+class RMSNormArgs:
+    input: torch.Tensor
+    weight: torch.Tensor | None
+    output: torch.Tensor
+    rstd: torch.Tensor
+
+
+class RMSNormPlan(Plan):
+    """Writes ``rms_norm(input, normalized_shape, weight, eps)`` into ``args.output`` and its
+    per-row ``rstd`` into ``args.rstd``."""
+
+    op = "rms_norm"
+
+    @classmethod
+    def select(cls, desc: RMSNormDescriptor, pref: PlanPreference = PlanPreference()) -> "RMSNormPlan":
+        with plan_errors():
+            m, n = _rows("rms_norm", desc.input_shape, desc.normalized_shape)
+        _check_dtypes("rms_norm", desc.dtype, desc.resolved_weight_dtype)
+        return cls(desc, pref, [m, n])
+
+    def can_implement(self, args: RMSNormArgs) -> None:
+        d = self.desc
+        self._check_tensor("input", args.input, d.input_shape, d.dtype)
+        if d.has_weight:
+            if args.weight is None:
+                raise InvalidProblemError("baracuda::rms_norm: the descriptor has a weight but args.weight is None")
+            self._check_tensor("weight", args.weight, d.normalized_shape, d.resolved_weight_dtype)
+        elif args.weight is not None:
+            raise InvalidProblemError("baracuda::rms_norm: the descriptor has no weight but args.weight is given")
+        self._check_tensor("output", args.output, d.input_shape, d.dtype)
+        self._check_tensor("rstd", args.rstd, d.rstd_shape, _acc_dtype(d.dtype))
+
+    def run(self, args: RMSNormArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        with plan_errors():
+            torch.ops.baracuda.rms_norm.out(args.input, list(self.desc.normalized_shape), args.weight, self.desc.eps,
+                                            output=args.output, rstd=args.rstd)
+
+
+@dataclass(frozen=True)
+class RMSNormBackwardDescriptor:
+    input_shape: tuple[int, ...]
+    normalized_shape: tuple[int, ...]
+    dtype: torch.dtype
+    has_weight: bool = True
+    weight_dtype: torch.dtype | None = None  # None: the input dtype
+    output_mask: tuple[bool, bool] = (True, True)
+    device: torch.device | str = "cpu"
+
+    @property
+    def rstd_shape(self) -> tuple[int, ...]:
+        return tuple(_rstd_shape(self.input_shape, len(self.normalized_shape)))
+
+    @property
+    def resolved_weight_dtype(self) -> torch.dtype | None:
+        return (self.weight_dtype or self.dtype) if self.has_weight else None
+
+    @property
+    def computes_grad_weight(self) -> bool:
+        return bool(self.output_mask[1]) and self.has_weight
+
+
+@dataclass
+class RMSNormBackwardArgs:
+    grad_out: torch.Tensor
+    input: torch.Tensor
+    rstd: torch.Tensor
+    weight: torch.Tensor | None
+    grad_input: torch.Tensor | None  # None when output_mask[0] is False
+    grad_weight: torch.Tensor | None  # None when grad_weight is not computed
+
+
+class RMSNormBackwardPlan(Plan):
+    """Writes rms_norm's gradients into ``args.grad_input`` / ``args.grad_weight``; the dW
+    partials live in the workspace (``workspace_size()`` bytes)."""
+
+    op = "rms_norm_backward"
+
+    @classmethod
+    def select(cls, desc: RMSNormBackwardDescriptor,
+               pref: PlanPreference = PlanPreference()) -> "RMSNormBackwardPlan":
+        with plan_errors():
+            m, n = _rows("rms_norm_backward", desc.input_shape, desc.normalized_shape)
+        _check_dtypes("rms_norm_backward", desc.dtype, desc.resolved_weight_dtype)
+        return cls(desc, pref, [m, n, int(desc.computes_grad_weight)])
+
+    def can_implement(self, args: RMSNormBackwardArgs) -> None:
+        d = self.desc
+        self._check_tensor("grad_out", args.grad_out, d.input_shape, d.dtype)
+        self._check_tensor("input", args.input, d.input_shape, d.dtype)
+        self._check_tensor("rstd", args.rstd, d.rstd_shape, _acc_dtype(d.dtype))
+        if d.has_weight != (args.weight is not None):
+            raise InvalidProblemError(
+                f"baracuda::rms_norm_backward: the descriptor has_weight={d.has_weight} but args.weight is "
+                f"{'None' if args.weight is None else 'given'}")
+        if d.has_weight:
+            self._check_tensor("weight", args.weight, d.normalized_shape, d.resolved_weight_dtype)
+        if d.output_mask[0]:
+            if args.grad_input is None:
+                raise InvalidProblemError("baracuda::rms_norm_backward: output_mask[0] is set but args.grad_input is None")
+            self._check_tensor("grad_input", args.grad_input, d.input_shape, d.dtype)
+        if d.computes_grad_weight:
+            if args.grad_weight is None:
+                raise InvalidProblemError("baracuda::rms_norm_backward: grad_weight is computed but args.grad_weight is None")
+            self._check_tensor("grad_weight", args.grad_weight, d.normalized_shape, d.resolved_weight_dtype)
+
+    def run(self, args: RMSNormBackwardArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        buffer = self._workspace(workspace)
+        unused = torch.empty(0, dtype=self.desc.dtype, device=self._device)
+        with plan_errors():
+            torch.ops.baracuda.rms_norm_backward.out(
+                args.grad_out, args.input, list(self.desc.normalized_shape), args.rstd, args.weight,
+                list(self.desc.output_mask),
+                grad_input=args.grad_input if args.grad_input is not None else unused,
+                grad_weight=args.grad_weight if args.grad_weight is not None else unused,
+                workspace=buffer,
+            )
+
+
+# --------------------------------------------------------------------------- self-check and benchmarks
+
+
+def _reference(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
+               eps: float | None) -> torch.Tensor:
+    """float64 rms_norm from plain ops (eps default: the computation type's epsilon)."""
+    if eps is None:
+        eps = torch.finfo(_acc_dtype(x.dtype)).eps
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    x64 = x.double()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + eps)
+    return y * weight.double() if weight is not None else y
+
+
+def self_checks():
+    from ..bench import SelfCheck
+
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-10}
+
+    def forward(dtype):
+        def run(device):
+            for n in (7, 1024, 4096, 65536):
+                x = torch.randn(6, n, device=device, dtype=dtype)
+                w = torch.randn(n, device=device, dtype=dtype)
+                y = rms_norm(x, (n,), w)
+                assert y.dtype == torch.nn.functional.rms_norm(x, (n,), w).dtype
+                torch.testing.assert_close(y.double(), _reference(x, (n,), w, None), rtol=tol[dtype], atol=tol[dtype])
+
+        return run
+
+    def backward(dtype):
+        def run(device):
+            for n in (7, 1024, 65536):
+                x = torch.randn(6, n, device=device, dtype=dtype, requires_grad=True)
+                w = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
+                g = torch.randn(6, n, device=device, dtype=dtype)
+                dx, dw = torch.autograd.grad(rms_norm(x, (n,), w), (x, w), g)
+                x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+                rx, rw = torch.autograd.grad(_reference(x64, (n,), w64, torch.finfo(_acc_dtype(dtype)).eps), (x64, w64),
+                                             g.double())
+                t = 4 * tol[dtype]
+                torch.testing.assert_close(dx.double(), rx, rtol=t, atol=t)
+                torch.testing.assert_close(dw.double(), rw, rtol=t, atol=t * 6)
+
+        return run
+
+    return [SelfCheck("rms_norm", d, forward(d)) for d in _FLOATS] + [
+        SelfCheck("rms_norm_backward", d, backward(d)) for d in _FLOATS
+    ]
+
+
+def _liger():
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return None
+    return LigerRMSNormFunction
+
+
+def benchmarks(device: torch.device, full: bool):
+    from ..bench import BenchCase
+
+    F = torch.nn.functional
+    bf16, f32 = torch.bfloat16, torch.float32
+    # (M, N, input dtype, weight dtype)
+    if device.type == "cpu":
+        shapes = [(512, 1024, f32, f32), (64, 8192, bf16, bf16), (8, 4096, bf16, bf16)]
+    elif full:
+        shapes = [(2**27 // n, n, dt, wt) for n in (1024, 2048, 4096, 5120, 8192, 16384, 32768, 65536)
+                  for dt, wt in ((bf16, bf16), (bf16, f32), (f32, f32))]
+        shapes += [(m, n, dt, wt) for n in (4096, 8192) for m in (1, 8, 32) for dt, wt in ((bf16, bf16), (bf16, f32), (f32, f32))]
+    else:
+        shapes = [(2**27 // 4096, 4096, bf16, bf16), (2**27 // 65536, 65536, bf16, bf16), (2**27 // 4096, 4096, f32, f32),
+                  (8, 4096, bf16, bf16)]
+    liger = _liger() if device.type == "cuda" else None
+    cases = []
+    for m, n, dt, wt in shapes:
+        e, we = torch.tensor([], dtype=dt).element_size(), torch.tensor([], dtype=wt).element_size()
+        tag = f"[{m}, {n}] {str(dt).replace('torch.', '')}" + (" w=float32" if wt != dt else "")
+        eps = torch.finfo(torch.float32).eps
+
+        def fwd_inputs(m=m, n=n, dt=dt, wt=wt):
+            return torch.randn(m, n, device=device, dtype=dt), torch.randn(n, device=device, dtype=wt)
+
+        def bwd_inputs(m=m, n=n, dt=dt, wt=wt):
+            x = torch.randn(m, n, device=device, dtype=dt, requires_grad=True)
+            w = torch.randn(n, device=device, dtype=wt, requires_grad=True)
+            y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+            return torch.randn_like(y), x, w, rstd, F.rms_norm(x, [n], w)
+
+        fwd_peers = {"eager": lambda x, w, n=n: F.rms_norm(x, [n], w)}
+        bwd_peers = {"eager": lambda g, x, w, rstd, y: torch.autograd.grad(y, (x, w), g, retain_graph=True)}
+        if liger is not None:
+            fwd_peers["liger"] = lambda x, w: liger.apply(x, w, eps, 0.0, "llama", False)
+
+            def liger_bwd(g, x, w, rstd, y, cache={}):
+                key = (x.data_ptr(), w.data_ptr())
+                if key not in cache:  # the Liger graph is built once per input set, then reused
+                    cache[key] = liger.apply(x, w, eps, 0.0, "llama", False)
+                return torch.autograd.grad(cache[key], (x, w), g, retain_graph=True)
+
+            bwd_peers["liger"] = liger_bwd
+        cases.append(BenchCase(
+            "rms_norm", f"rms_norm {tag}", 2 * m * n * e + n * we + m * 4, fwd_inputs,
+            ours=lambda x, w, n=n: torch.ops.baracuda.rms_norm(x, [n], w, None),
+            peers=fwd_peers,
+            compile_peer=lambda x, w, n=n: F.rms_norm(x, [n], w),
+        ))
+        cases.append(BenchCase(
+            "rms_norm", f"rms_norm_backward {tag}", 3 * m * n * e + m * 4 + 2 * n * we, bwd_inputs,
+            ours=lambda g, x, w, rstd, y, n=n: torch.ops.baracuda.rms_norm_backward(
+                g, x.detach(), [n], rstd, w.detach(), [True, True]),
+            peers=bwd_peers,
+            compile_peer=lambda g, x, w, rstd, y, n=n, mixed=wt != dt: _mixed_backward(g, x.detach(), w.detach(), rstd)
+            if mixed else torch.ops.aten._fused_rms_norm_backward(g, x.detach(), [n], rstd, w.detach(), [True, True]),
+        ))
+    return cases
+
+
+def _mixed_backward(g, x, w, rstd):
+    """What autograd computes for a float32 weight on a half input, for torch.compile to fuse."""
+    n = x.shape[-1]
+    gf, xf = g.float(), x.float()
+    xhat = xf * rstd
+    gw = gf * w
+    dx = (gw - xhat * (gw * xhat).sum(-1, keepdim=True) / n) * rstd
+    return dx.to(x.dtype), (gf * xhat).sum(0)

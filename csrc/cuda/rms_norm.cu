@@ -1,0 +1,738 @@
+// rms_norm family, CUDA kernels.
+//
+// The input is [M, N] rows. A row is split over `row_threads = group * cluster`
+// threads: `group` threads of one CTA (a sub-warp when several rows share a CTA,
+// else the whole CTA), times `cluster` CTAs of a thread-block cluster (sm_90) for
+// long rows. Thread u of a row holds vectors q = j * row_threads + u (j < kVpt) of
+// V elements in registers, so x (and dy) are read from memory exactly once; the
+// row's sum is a fixed-order shuffle / block / cluster reduction. Rows longer than
+// kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use a two-pass
+// kernel that reads x (and dy) twice.
+//
+// Bytes moved (e = element size, a = rstd size, w = weight bytes):
+//   forward : M*N*e read + M*N*e written + M*a written (+ w, cached)
+//   backward: 2*M*N*e read + M*a read + M*N*e written (+ w, cached)
+//             + P*N*a dW partials written and read once by the ordered sum,
+//             P ~ the number of row groups resident on the GPU at once.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "baracuda/checks.h"
+#include "baracuda/cuda_utils.cuh"
+#include "baracuda/dispatch.h"
+#include "baracuda/rms_norm.h"
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+namespace cg = cooperative_groups;
+using cuda::ceil_div;
+
+constexpr int kVpt = 4;              // vectors each thread keeps in registers
+constexpr int kMaxThreads = 1024;    // largest CTA of the forward register kernel
+constexpr int kBwdMaxThreads = 512;  // backward: x and dy in registers need up to 128 per thread
+constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
+constexpr int kMaxCluster = 8;       // portable thread-block cluster size
+constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
+constexpr int kReduceCols = 32;      // dW sum: columns per CTA
+constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
+
+// ---------------------------------------------------------------------------
+// Choice of kernel: a pure function of (M, N, dtype, device), used by the
+// launchers and by the Plan API through the variant registry.
+
+int device_attribute(cudaDeviceAttr attr) {
+  static std::array<std::array<int, 2>, 64> cache{};
+  const int dev = c10::cuda::current_device();
+  const int slot = attr == cudaDevAttrComputeCapabilityMajor ? 0 : 1;
+  if (cache[dev][slot] == 0) {
+    int v = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    cache[dev][slot] = v;
+  }
+  return cache[dev][slot];
+}
+
+int sm_major() { return device_attribute(cudaDevAttrComputeCapabilityMajor); }
+int max_smem_optin() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+
+struct RmsChoice {
+  bool empty = true;     // M == 0 or N == 0: no kernel runs
+  bool looped = false;   // row too long for registers: two passes over the row
+  int vec = 1;           // elements per access: 16 bytes, or 1 when N is not a multiple
+  int group = 1;         // threads per row inside a CTA
+  int block = 1;         // threads per CTA
+  int cluster = 1;       // CTAs per row
+  int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
+  int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
+};
+
+int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+RmsChoice choose_rms(int64_t M, int64_t N, int64_t elem, int64_t acc_bytes, bool backward, bool dw) {
+  RmsChoice c;
+  if (M == 0 || N == 0) return c;
+  c.empty = false;
+  c.vec = N % (16 / elem) == 0 ? static_cast<int>(16 / elem) : 1;
+  const int64_t nv = N / c.vec;
+  if (nv <= 32 * kVpt) {
+    // Short rows: a sub-warp of `group` threads per row, kRowsBlock / group rows per CTA.
+    c.group = pow2_ceil(ceil_div<int64_t>(nv, kVpt));
+    c.block = kRowsBlock;
+  } else {
+    // One row per CTA, or per cluster of CTAs; prefer CTAs of <= 512 threads
+    // (several resident per SM), then (forward only) up to 1024.
+    const int max_cluster = sm_major() >= 9 ? kMaxCluster : 1;
+    bool found = false;
+    for (int cap : {kBwdMaxThreads, backward ? kBwdMaxThreads : kMaxThreads}) {
+      for (int cl = 1; cl <= max_cluster && !found; cl *= 2) {
+        const int64_t threads = ceil_div<int64_t>(nv, int64_t(kVpt) * cl);
+        if (threads <= cap) {
+          c.cluster = cl;
+          c.block = static_cast<int>(ceil_div<int64_t>(threads, 32) * 32);
+          found = true;
+        }
+      }
+    }
+    c.looped = !found;
+    if (c.looped) {
+      c.block = kLoopedThreads;
+      c.cluster = 1;
+    }
+    c.group = c.block;
+  }
+  if (backward && dw && !c.looped) {
+    c.smem = int64_t(c.block) * kVpt * c.vec * acc_bytes;
+    if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
+      c.looped = true;
+      c.block = c.group = kLoopedThreads;
+      c.cluster = 1;
+      c.smem = 0;
+    }
+  }
+  // Resident CTAs per SM (an estimate; only the grid size depends on it). The
+  // backward aims at half the threads an SM can hold: enough loads in flight,
+  // and fewer dW partial rows to write and sum.
+  const int64_t threads_per_sm = backward ? 1024 : 2048;
+  int64_t per_sm = std::clamp<int64_t>(threads_per_sm / c.block, 1, 32);
+  if (c.smem > 0) per_sm = std::max<int64_t>(1, std::min<int64_t>(per_sm, max_smem_optin() / (c.smem + 1024)));
+  const int64_t resident = std::max<int64_t>(1, int64_t(cuda::num_sms()) * per_sm / c.cluster);
+  const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
+  // Forward: up to 8 waves, the rest by grid-stride. Backward: one wave, each
+  // row group accumulating dW for the rows it visits.
+  c.clusters = std::min(row_groups, backward ? resident : 8 * resident);
+  return c;
+}
+
+int64_t dw_workspace_bytes(const RmsChoice& c, int64_t N, int64_t acc_bytes) {
+  return c.empty ? 0 : c.clusters * N * acc_bytes;
+}
+
+std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw) {
+  if (c.empty) return "empty";
+  const std::string vec = std::to_string(c.vec * elem) + "B";
+  std::string v;
+  if (c.looped) {
+    v = "two_pass_row<" + std::to_string(c.block) + "," + vec + ">";
+  } else if (c.group < c.block) {
+    v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
+        vec + ">";
+  } else if (c.cluster == 1) {
+    v = "cta_row<" + std::to_string(c.block) + "," + vec + ">";
+  } else {
+    v = "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec + ">";
+  }
+  if (backward && dw) v += "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Device helpers.
+
+template <typename AccT>
+__device__ __forceinline__ AccT rsqrt_acc(AccT v) {
+  if constexpr (std::is_same_v<AccT, float>) {
+    return rsqrtf(v);
+  } else {
+    return rsqrt(v);
+  }
+}
+
+// w[col .. col + V) as AccT, in 16-byte loads where the width allows.
+template <typename AccT, typename W, int V>
+__device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col, AccT (&out)[V]) {
+  if (w == nullptr) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = AccT(1);
+    return;
+  }
+  constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
+#pragma unroll
+  for (int c = 0; c < V / kChunk; ++c) {
+    const auto v = cuda::load_vec<W, kChunk>(w + col + c * kChunk);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) out[c * kChunk + i] = static_cast<AccT>(v.v[i]);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void zero_vec(cuda::Vec<T, V>& v) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) v.v[i] = static_cast<T>(0.0f);
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().sync();
+#else
+  __trap();  // clusters are only chosen on sm_90 and newer
+#endif
+}
+
+// Sum of v over the threads of one row, identical (bit for bit) in all of them:
+// the `group` lanes of a sub-warp (fixed xor butterfly), or the whole CTA
+// (cuda::block_sum), then the `cluster` CTAs of the row, whose sums are read
+// from distributed shared memory in rank order. `slots` alternates between two
+// entries from row to row (parity), so a CTA never overwrites a slot another CTA
+// may still be reading: that read precedes the next row's cluster barrier.
+template <typename AccT>
+__device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, AccT* scratch, AccT* slots, int parity) {
+  if (group <= 32) {
+    for (int offset = group / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+  v = cuda::block_sum(v, scratch);
+  if (cluster == 1) return v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) slots[parity] = v;
+  cl.sync();
+  AccT total = 0;
+  for (int r = 0; r < cluster; ++r) total += *cl.map_shared_rank(slots + parity, r);
+  return total;
+#else
+  __trap();
+  return v;
+#endif
+}
+
+// Where this thread sits: its row within the CTA's rows, its index u among the
+// row's threads, and the first row group / stride of the grid-stride loop.
+struct RowLayout {
+  int g;             // row within the CTA
+  int u;             // thread index within the row (0 .. row_threads)
+  int row_threads;   // group * cluster
+  int rank;          // CTA rank within its cluster
+  int rows_per_cta;  // blockDim.x / group
+  int64_t first;     // first row of this CTA's row group
+  int64_t step;      // rows between two iterations
+
+  __device__ RowLayout(int group, int cluster) {
+    rows_per_cta = blockDim.x / group;
+    g = threadIdx.x / group;
+    rank = blockIdx.x % cluster;
+    u = rank * group + threadIdx.x % group;
+    row_threads = group * cluster;
+    first = int64_t(blockIdx.x / cluster) * rows_per_cta;
+    step = int64_t(gridDim.x / cluster) * rows_per_cta;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Forward, row in registers:
+//   ss = sum_i x_i^2 (acc_t, this thread's vectors in order, then row_sum)
+//   rstd = 1 / sqrt(ss / N + eps);  y_i = T(x_i * rstd * w_i)
+// x is read once (kept in registers between the two steps); rstd written by u == 0.
+
+template <typename T, typename W, typename AccT, int V>
+__global__ void __launch_bounds__(kMaxThreads)
+    rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                        AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps) {
+  __shared__ AccT scratch[32];
+  __shared__ AccT slots[2];
+  const RowLayout L(group, cluster);
+  const int nv = N / V;
+  int parity = 0;
+  for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
+    const int64_t row = base + L.g;
+    const bool live = row < M;
+    cuda::Vec<T, V> xv[kVpt];
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (live && q < nv) {
+        xv[j] = cuda::load_vec<T, V>(x + row * N + int64_t(q) * V);
+      } else {
+        zero_vec(xv[j]);
+      }
+    }
+    AccT ss = 0;
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const AccT a = static_cast<AccT>(xv[j].v[i]);
+        ss += a * a;
+      }
+    }
+    ss = row_sum(ss, group, cluster, scratch, slots, parity);
+    const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
+    if (live && L.u == 0) rstd[row] = r;
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (live && q < nv) {
+        AccT wv[V];
+        load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+        cuda::Vec<T, V> out;
+#pragma unroll
+        for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(static_cast<AccT>(xv[j].v[i]) * r * wv[i]);
+        cuda::store_vec<T, V>(y + row * N + int64_t(q) * V, out);
+      }
+    }
+  }
+  if (cluster > 1) cluster_sync();  // no CTA leaves while another still reads its slots
+}
+
+// ---------------------------------------------------------------------------
+// Backward, row in registers. Per row, with g_i = dy_i * w_i:
+//   s = sum_i g_i * x_i (row_sum);  dx_i = T(rstd * g_i - x_i * rstd^3 * s / N)
+//   dW: acc[i] += dy_i * x_i * rstd, in shared memory, one slot per (thread,
+//   element): each thread adds the rows it visits in order. At the end the CTA
+//   adds its row slots in row order and writes partials[p][col] (p = the row
+//   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
+
+template <typename T, typename W, typename AccT, int V>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+    rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
+                        const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials, int64_t M, int N,
+                        int group, int cluster) {
+  extern __shared__ __align__(16) unsigned char rms_smem[];
+  AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [kVpt * V][blockDim.x]
+  __shared__ AccT scratch[32];
+  __shared__ AccT slots[2];
+  const RowLayout L(group, cluster);
+  const int nv = N / V;
+  if (partials != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kVpt * V; ++k) acc[k * blockDim.x + threadIdx.x] = AccT(0);
+  }
+  int parity = 0;
+  for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
+    const int64_t row = base + L.g;
+    const bool live = row < M;
+    cuda::Vec<T, V> xv[kVpt], gv[kVpt];
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (live && q < nv) {
+        xv[j] = cuda::load_vec<T, V>(x + row * N + int64_t(q) * V);
+        gv[j] = cuda::load_vec<T, V>(dy + row * N + int64_t(q) * V);
+      } else {
+        zero_vec(xv[j]);
+        zero_vec(gv[j]);
+      }
+    }
+    const AccT r = live ? rstd[row] : AccT(0);
+    AccT s = 0;
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (q < nv) {
+        AccT wv[V];
+        load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += static_cast<AccT>(gv[j].v[i]) * wv[i] * static_cast<AccT>(xv[j].v[i]);
+      }
+    }
+    s = row_sum(s, group, cluster, scratch, slots, parity);
+    const AccT k = r * r * r * s / static_cast<AccT>(N);
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (!live || q >= nv) continue;
+      if (dx != nullptr) {
+        AccT wv[V];
+        load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+        cuda::Vec<T, V> out;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          out.v[i] = static_cast<T>(r * static_cast<AccT>(gv[j].v[i]) * wv[i] - static_cast<AccT>(xv[j].v[i]) * k);
+        }
+        cuda::store_vec<T, V>(dx + row * N + int64_t(q) * V, out);
+      }
+      if (partials != nullptr) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          acc[(j * V + i) * blockDim.x + threadIdx.x] +=
+              static_cast<AccT>(gv[j].v[i]) * static_cast<AccT>(xv[j].v[i]) * r;
+        }
+      }
+    }
+  }
+  if (partials != nullptr) {
+    __syncthreads();
+    // Slot (j, t, i) of this CTA is column (j * row_threads + rank * group + t) * V + i;
+    // consecutive slots are consecutive columns, so the writes coalesce.
+    AccT* out = partials + int64_t(blockIdx.x / cluster) * N;
+    const int slots_per_cta = kVpt * V * group;
+    for (int slot = threadIdx.x; slot < slots_per_cta; slot += blockDim.x) {
+      const int j = slot / (group * V);
+      const int t = (slot / V) % group;
+      const int i = slot % V;
+      const int q = j * L.row_threads + L.rank * group + t;
+      if (q >= nv) continue;
+      AccT sum = 0;
+      for (int g = 0; g < L.rows_per_cta; ++g) sum += acc[(j * V + i) * blockDim.x + g * group + t];
+      out[int64_t(q) * V + i] = sum;
+    }
+  }
+  if (cluster > 1) cluster_sync();
+}
+
+// ---------------------------------------------------------------------------
+// Rows too long for the register kernels: one CTA per row (grid-stride), two
+// passes over the row. Forward: ss = sum x^2, then y = x * rstd * w (x read
+// twice). Backward: s = sum dy * w * x, then dx as above; this CTA's dW partial
+// row (partials[blockIdx.x]) is set by its first row and added to by the next,
+// each column owned by one thread.
+
+template <typename T, typename W, typename AccT, int V>
+__global__ void __launch_bounds__(kLoopedThreads)
+    rms_norm_fwd_looped_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                               AccT* __restrict__ rstd, int64_t M, int64_t N, AccT eps) {
+  __shared__ AccT scratch[32];
+  const int64_t nv = N / V;
+  for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
+    const T* xr = x + row * N;
+    AccT ss = 0;
+    for (int64_t q = threadIdx.x; q < nv; q += blockDim.x) {
+      const auto v = cuda::load_vec<T, V>(xr + q * V);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const AccT a = static_cast<AccT>(v.v[i]);
+        ss += a * a;
+      }
+    }
+    ss = cuda::block_sum(ss, scratch);
+    const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int64_t q = threadIdx.x; q < nv; q += blockDim.x) {
+      const auto v = cuda::load_vec<T, V>(xr + q * V);
+      AccT wv[V];
+      load_weight<AccT, W, V>(w, q * V, wv);
+      cuda::Vec<T, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(static_cast<AccT>(v.v[i]) * r * wv[i]);
+      cuda::store_vec<T, V>(y + row * N + q * V, out);
+    }
+  }
+}
+
+template <typename T, typename W, typename AccT, int V>
+__global__ void __launch_bounds__(kLoopedThreads)
+    rms_norm_bwd_looped_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
+                               const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials, int64_t M,
+                               int64_t N) {
+  __shared__ AccT scratch[32];
+  const int64_t nv = N / V;
+  AccT* part = partials != nullptr ? partials + int64_t(blockIdx.x) * N : nullptr;
+  bool first = true;
+  for (int64_t row = blockIdx.x; row < M; row += gridDim.x, first = false) {
+    const T* xr = x + row * N;
+    const T* gr = dy + row * N;
+    const AccT r = rstd[row];
+    AccT s = 0;
+    for (int64_t q = threadIdx.x; q < nv; q += blockDim.x) {
+      const auto xv = cuda::load_vec<T, V>(xr + q * V);
+      const auto gv = cuda::load_vec<T, V>(gr + q * V);
+      AccT wv[V];
+      load_weight<AccT, W, V>(w, q * V, wv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += static_cast<AccT>(gv.v[i]) * wv[i] * static_cast<AccT>(xv.v[i]);
+    }
+    s = cuda::block_sum(s, scratch);
+    const AccT k = r * r * r * s / static_cast<AccT>(N);
+    for (int64_t q = threadIdx.x; q < nv; q += blockDim.x) {
+      const auto xv = cuda::load_vec<T, V>(xr + q * V);
+      const auto gv = cuda::load_vec<T, V>(gr + q * V);
+      if (dx != nullptr) {
+        AccT wv[V];
+        load_weight<AccT, W, V>(w, q * V, wv);
+        cuda::Vec<T, V> out;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          out.v[i] = static_cast<T>(r * static_cast<AccT>(gv.v[i]) * wv[i] - static_cast<AccT>(xv.v[i]) * k);
+        }
+        cuda::store_vec<T, V>(dx + row * N + q * V, out);
+      }
+      if (part != nullptr) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const AccT d = static_cast<AccT>(gv.v[i]) * static_cast<AccT>(xv.v[i]) * r;
+          part[q * V + i] = first ? d : part[q * V + i] + d;
+        }
+      }
+    }
+  }
+}
+
+// dw[c] = sum_{p = 0 .. P-1} partials[p][c]: thread (c, s) adds p = s, s + S, ...
+// in order, then the S slice sums are added in slice order. Deterministic.
+template <typename AccT, typename W>
+__global__ void __launch_bounds__(kReduceCols* kReduceSlices)
+    rms_norm_dw_sum_kernel(const AccT* __restrict__ partials, W* __restrict__ dw, int64_t P, int64_t N) {
+  __shared__ AccT part[kReduceSlices][kReduceCols];
+  const int64_t col = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
+  AccT s = 0;
+  if (col < N) {
+    for (int64_t p = threadIdx.y; p < P; p += kReduceSlices) s += partials[p * N + col];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    AccT t = 0;
+#pragma unroll
+    for (int k = 0; k < kReduceSlices; ++k) t += part[k][threadIdx.x];
+    dw[col] = static_cast<W>(t);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Launchers.
+
+template <typename... KernelArgs, typename... Args>
+void launch(void (*kernel)(KernelArgs...), int64_t ctas, int block, int cluster, int64_t smem, Args... args) {
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = c10::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  if (cluster > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Calls fn(std::integral_constant<int, V>) with V the chosen vector width.
+template <typename T, typename Fn>
+void with_vec(const RmsChoice& c, Fn&& fn) {
+  constexpr int kV = static_cast<int>(16 / sizeof(T));
+  if (c.vec == 1) {
+    fn(std::integral_constant<int, 1>{});
+  } else {
+    fn(std::integral_constant<int, kV>{});
+  }
+}
+
+// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
+// the kernel choice depends on the problem alone.
+at::Tensor aligned_contiguous(const at::Tensor& t) {
+  auto c = t.contiguous();
+  return cuda::is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
+}
+
+void check_out_aligned(const char* op, const char* name, const at::Tensor& out) {
+  TORCH_CHECK_VALUE(out.numel() == 0 || (out.is_contiguous() && cuda::is_aligned(out.const_data_ptr(), 16)), op,
+                    ": ", name, " must be contiguous and 16-byte aligned on CUDA");
+}
+
+int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
+
+void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                       const std::optional<at::Tensor>& weight, std::optional<double> eps, const at::Tensor& output,
+                       const at::Tensor& rstd) {
+  const auto rows = check_rms_norm(input, normalized_shape, weight);
+  check_out(kRmsNormOp, "output", output, input.sizes(), input.scalar_type(), input.device());
+  check_out(kRmsNormOp, "rstd", rstd, rms_rstd_shape(input.sizes(), normalized_shape.size()),
+            rms_acc_dtype(input.scalar_type()), input.device());
+  check_out_aligned(kRmsNormOp, "output", output);
+  TORCH_CHECK_VALUE(rstd.is_contiguous(), kRmsNormOp, ": rstd must be contiguous");
+  if (rows.M == 0) return;
+  const c10::cuda::CUDAGuard guard(input.device());
+  if (rows.N == 0) {  // the mean of no elements is NaN, as in PyTorch
+    rstd.fill_(std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
+  const auto c = choose_rms(rows.M, rows.N, input.element_size(), acc_bytes_of(input.scalar_type()), false, false);
+  const auto x = aligned_contiguous(input);
+  const auto w = has_tensor(weight) ? aligned_contiguous(*weight) : at::Tensor();
+  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
+  BARACUDA_DISPATCH_FLOATING(input.scalar_type(), "rms_norm_cuda", [&] {
+    with_weight_type<scalar_t>(input, weight, [&](auto w_tag) {
+      using W = decltype(w_tag);
+      with_vec<scalar_t>(c, [&](auto v_tag) {
+        constexpr int V = decltype(v_tag)::value;
+        const auto* xp = x.const_data_ptr<scalar_t>();
+        const W* wp = w.defined() ? w.const_data_ptr<W>() : nullptr;
+        auto* yp = output.mutable_data_ptr<scalar_t>();
+        auto* rp = rstd.mutable_data_ptr<acc_t>();
+        if (c.looped) {
+          launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, xp, wp, yp, rp,
+                 rows.M, rows.N, static_cast<acc_t>(e));
+        } else {
+          launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V>, c.clusters * c.cluster, c.block, c.cluster, 0, xp, wp,
+                 yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e));
+        }
+      });
+    });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                                 const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  check_rms_norm(input, normalized_shape, weight);
+  auto output = at::empty(input.sizes(), input.options());
+  auto rstd = at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
+                        input.options().dtype(rms_acc_dtype(input.scalar_type())));
+  rms_norm_out_cuda(input, normalized_shape, weight, eps, output, rstd);
+  return {output, rstd};
+}
+
+void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                std::array<bool, 2> output_mask, const at::Tensor& grad_input,
+                                const at::Tensor& grad_weight, const at::Tensor& workspace) {
+  const char* op = kRmsNormBackwardOp;
+  const auto rows = check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);
+  const bool want_dx = output_mask[0];
+  const bool want_dw = output_mask[1] && has_tensor(weight);
+  if (want_dx) {
+    check_out(op, "grad_input", grad_input, input.sizes(), input.scalar_type(), input.device());
+    check_out_aligned(op, "grad_input", grad_input);
+  }
+  if (want_dw) {
+    check_out(op, "grad_weight", grad_weight, normalized_shape, weight->scalar_type(), input.device());
+    TORCH_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
+  }
+  if (rows.N == 0 || (!want_dx && !want_dw)) return;
+  const c10::cuda::CUDAGuard guard(input.device());
+  if (rows.M == 0) {
+    if (want_dw) grad_weight.zero_();
+    return;
+  }
+  const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
+  const auto c = choose_rms(rows.M, rows.N, input.element_size(), acc_bytes, true, want_dw);
+  if (want_dw) {
+    const int64_t need = dw_workspace_bytes(c, rows.N, acc_bytes);
+    check_same_device(op, "input", input, "workspace", workspace);
+    TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
+                          cuda::is_aligned(workspace.const_data_ptr(), 16),
+                      op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
+                      " contiguous 16-byte-aligned bytes");
+  }
+  const auto dy = aligned_contiguous(grad_out);
+  const auto x = aligned_contiguous(input);
+  const auto r = rstd.contiguous();
+  const auto w = has_tensor(weight) ? aligned_contiguous(*weight) : at::Tensor();
+  BARACUDA_DISPATCH_FLOATING(input.scalar_type(), "rms_norm_backward_cuda", [&] {
+    with_weight_type<scalar_t>(input, weight, [&](auto w_tag) {
+      using W = decltype(w_tag);
+      with_vec<scalar_t>(c, [&](auto v_tag) {
+        constexpr int V = decltype(v_tag)::value;
+        const auto* gp = dy.const_data_ptr<scalar_t>();
+        const auto* xp = x.const_data_ptr<scalar_t>();
+        const auto* rp = r.const_data_ptr<acc_t>();
+        const W* wp = w.defined() ? w.const_data_ptr<W>() : nullptr;
+        scalar_t* dxp = want_dx ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
+        acc_t* parts = want_dw ? static_cast<acc_t*>(workspace.mutable_data_ptr()) : nullptr;
+        if (c.looped) {
+          launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, gp, xp, rp, wp, dxp,
+                 parts, rows.M, rows.N);
+        } else {
+          launch(rms_norm_bwd_kernel<scalar_t, W, acc_t, V>, c.clusters * c.cluster, c.block, c.cluster, c.smem, gp,
+                 xp, rp, wp, dxp, parts, rows.M, static_cast<int>(rows.N), c.group, c.cluster);
+        }
+        if (want_dw) {
+          const dim3 block(kReduceCols, kReduceSlices);
+          const auto stream = c10::cuda::getCurrentCUDAStream();
+          rms_norm_dw_sum_kernel<acc_t, W><<<ceil_div<int64_t>(rows.N, kReduceCols), block, 0, stream>>>(
+              parts, grad_weight.mutable_data_ptr<W>(), c.clusters, rows.N);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
+      });
+    });
+  });
+}
+
+// Outputs that output_mask leaves out (and grad_weight without a weight) are
+// undefined tensors (None in Python), as aten::_fused_rms_norm_backward returns.
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
+                                                          at::IntArrayRef normalized_shape, const at::Tensor& rstd,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          std::array<bool, 2> output_mask) {
+  const auto rows = check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);
+  at::Tensor grad_input, grad_weight;
+  if (output_mask[0]) grad_input = at::empty(input.sizes(), input.options());
+  const bool want_dw = output_mask[1] && has_tensor(weight);
+  if (want_dw) grad_weight = at::empty(normalized_shape, weight->options());
+  int64_t need = 0;
+  if (want_dw) {
+    const c10::cuda::CUDAGuard guard(input.device());
+    const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
+    need = dw_workspace_bytes(choose_rms(rows.M, rows.N, input.element_size(), acc_bytes, true, true), rows.N,
+                              acc_bytes);
+  }
+  const auto none = at::empty({0}, input.options());
+  rms_norm_backward_out_cuda(grad_out, input, normalized_shape, rstd, weight, output_mask,
+                             grad_input.defined() ? grad_input : none, grad_weight.defined() ? grad_weight : none,
+                             at::empty({need}, input.options().dtype(at::kByte)));
+  return {grad_input, grad_weight};
+}
+
+// problem = [M, N] (forward), [M, N, computes grad_weight] (backward)
+KernelChoice rms_norm_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  TORCH_CHECK_VALUE(problem.size() == 2 && problem[0] >= 0 && problem[1] >= 0, kRmsNormOp, ": malformed problem ",
+                    problem);
+  const auto c = choose_rms(problem[0], problem[1], c10::elementSize(dtype), acc_bytes_of(dtype), false, false);
+  return {rms_variant(c, c10::elementSize(dtype), false, false), 0};
+}
+
+KernelChoice rms_norm_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  TORCH_CHECK_VALUE(problem.size() == 3 && problem[0] >= 0 && problem[1] >= 0, kRmsNormBackwardOp,
+                    ": malformed problem ", problem);
+  const bool dw = problem[2] != 0;
+  const int64_t acc_bytes = acc_bytes_of(dtype);
+  const auto c = choose_rms(problem[0], problem[1], c10::elementSize(dtype), acc_bytes, true, dw);
+  return {rms_variant(c, c10::elementSize(dtype), true, dw), dw ? dw_workspace_bytes(c, problem[1], acc_bytes) : 0};
+}
+
+BARACUDA_REGISTER_VARIANT("rms_norm", c10::DeviceType::CUDA, rms_norm_choice);
+BARACUDA_REGISTER_VARIANT("rms_norm_backward", c10::DeviceType::CUDA, rms_norm_backward_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("rms_norm", &baracuda::rms_norm_cuda);
+  m.impl("rms_norm.out", &baracuda::rms_norm_out_cuda);
+  m.impl("rms_norm_backward", &baracuda::rms_norm_backward_cuda);
+  m.impl("rms_norm_backward.out", &baracuda::rms_norm_backward_out_cuda);
+}

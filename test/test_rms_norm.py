@@ -1,0 +1,499 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+import baracuda_ops
+from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison, random
+
+HALF = (torch.float16, torch.bfloat16)
+
+# (input shape, normalized_shape): tiny and odd rows, multi-dim normalized_shape,
+# rows for each CUDA kernel (sub-warp rows, a row per CTA, a row per cluster, two
+# passes), rows that are not a multiple of the 16-byte vector, zero-size batch
+# and zero-size rows.
+CASES = [
+    ((4, 16), (16,)),
+    ((3, 5, 7), (5, 7)),
+    ((7,), (7,)),
+    ((2, 3, 4, 6), (3, 4, 6)),
+    ((33, 40), (40,)),
+    ((5, 1024), (1024,)),
+    ((3, 4097), (4097,)),
+    ((6, 3000), (3000,)),
+    ((2, 70000), (70000,)),
+    ((1, 300000), (300000,)),
+    ((0, 8), (8,)),
+    ((2, 0, 16), (16,)),
+    ((3, 0), (0,)),
+]
+
+
+def weight_kinds(dtype):
+    kinds = [None, dtype]
+    return kinds + [torch.float32] if dtype in HALF else kinds
+
+
+def acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def reference(x, normalized_shape, weight, eps=None):
+    """float64 rms_norm and rstd from plain ops; eps default = finfo(computation type).eps."""
+    if eps is None:
+        eps = torch.finfo(acc_dtype(x.dtype)).eps
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    x64 = x.double()
+    rstd = torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + eps)
+    y = x64 * rstd
+    return (y * weight.double() if weight is not None else y), rstd
+
+
+@pytest.mark.parametrize("shape,ns", CASES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_matches_torch_and_float64(device, shape, ns, dtype):
+    x = random(shape, dtype, device)
+    for wdt in weight_kinds(dtype):
+        w = random(ns, wdt, device) if wdt is not None else None
+        y, rstd = torch.ops.baracuda.rms_norm(x, list(ns), w, None)
+        expected = F.rms_norm(x, ns, w)
+        assert y.dtype == expected.dtype == dtype and y.shape == x.shape
+        ref_y, ref_rstd = reference(x, ns, w)
+        assert rstd.dtype == acc_dtype(dtype) and rstd.shape == ref_rstd.shape
+        assert_close(y, ref_y)
+        assert_close(y, expected)
+        torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-5 if dtype != torch.float64 else 1e-12, atol=0,
+                                   equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_default_eps_is_the_computation_types(device, dtype):
+    # Small inputs, where eps matters: PyTorch uses finfo(float32).eps for half types.
+    x = random((4, 256), dtype, device) * 1e-3
+    torch.testing.assert_close(baracuda_ops.rms_norm(x, 256), F.rms_norm(x, (256,)), rtol=1e-2, atol=1e-2)
+    y = baracuda_ops.rms_norm(x, 256, eps=1e-2)
+    torch.testing.assert_close(y, F.rms_norm(x, (256,), eps=1e-2), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_forward_non_contiguous_and_offset(device, dtype):
+    base = random((24, 40), dtype, device)
+    w = random((24,), dtype, device)
+    for x in (base.t(), base.t()[1:], base.view(-1)[3:3 + 37 * 25].view(37, 25)[:, :24]):
+        assert not x.is_contiguous()
+        assert_close(baracuda_ops.rms_norm(x, 24, w), reference(x, (24,), w)[0])
+    offset = base.view(-1)[3:3 + 10 * 24].view(10, 24)  # contiguous, not 16-byte aligned
+    assert_close(baracuda_ops.rms_norm(offset, 24, w), reference(offset, (24,), w)[0])
+    assert_close(baracuda_ops.rms_norm(offset, 24), reference(offset, (24,), None)[0])
+
+
+def backward_reference(x, ns, w, g):
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_() if w is not None else None
+    y, _ = reference(x64, ns, w64, torch.finfo(acc_dtype(x.dtype)).eps)
+    inputs = (x64, w64) if w is not None else (x64,)
+    return torch.autograd.grad(y, inputs, g.double())
+
+
+@pytest.mark.parametrize("shape,ns", [c for c in CASES if c[0] != (1, 300000)] + [((1, 40000), (40000,))])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_matches_float64_autograd(device, shape, ns, dtype):
+    for wdt in weight_kinds(dtype):
+        x = random(shape, dtype, device, requires_grad=True)
+        w = random(ns, wdt, device, requires_grad=True) if wdt is not None else None
+        y = baracuda_ops.rms_norm(x, ns, w)
+        g = random(y.shape, dtype, device)
+        inputs = (x, w) if w is not None else (x,)
+        grads = torch.autograd.grad(y, inputs, g)
+        refs = backward_reference(x, ns, w, g)
+        assert grads[0].dtype == dtype and grads[0].shape == x.shape
+        # dx: a few float32 operations per element, rounded once to dtype.
+        assert_close(grads[0], refs[0], scale=4 if dtype != torch.float64 else 100)
+        if w is not None:
+            assert grads[1].dtype == wdt and grads[1].shape == w.shape
+            rows = max(1, x.numel() // max(1, w.numel()))
+            # dw: a sum over the rows in the accumulation type, rounded once.
+            assert_close(grads[1], refs[1], dtype=wdt, scale=4 * max(1.0, rows**0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_backward_matches_torch_autograd(device, dtype):
+    for wdt in weight_kinds(dtype)[1:]:
+        x = random((9, 300), dtype, device, requires_grad=True)
+        w = random((300,), wdt, device, requires_grad=True)
+        g = random((9, 300), dtype, device)
+        ours = torch.autograd.grad(baracuda_ops.rms_norm(x, 300, w), (x, w), g)
+        theirs = torch.autograd.grad(F.rms_norm(x, (300,), w), (x, w), g)
+        for a, b in zip(ours, theirs):
+            assert a.dtype == b.dtype
+            assert_close(a, b, scale=4)
+
+
+def test_backward_non_contiguous_grad(device):
+    x = random((6, 10), torch.float64, device, requires_grad=True)
+    w = random((10,), torch.float64, device, requires_grad=True)
+    g = random((10, 6), torch.float64, device).t()
+    ours = torch.autograd.grad(baracuda_ops.rms_norm(x, 10, w), (x, w), g)
+    for a, b in zip(ours, backward_reference(x, (10,), w, g)):
+        assert_close(a, b)
+
+
+def test_backward_output_mask_follows_aten(device):
+    x = random((5, 12), torch.float32, device)
+    w = random((12,), torch.float32, device)
+    g = random((5, 12), torch.float32, device)
+    _, rstd = torch.ops.baracuda.rms_norm(x, [12], w, None)
+    full = torch.ops.baracuda.rms_norm_backward(g, x, [12], rstd, w, [True, True])
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [12], rstd, w, [True, False])
+    assert dw is None and torch.equal(dx, full[0])
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [12], rstd, w, [False, True])
+    assert dx is None and torch.equal(dw, full[1])
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [12], rstd, None, [True, True])
+    assert dw is None and dx.shape == x.shape
+
+
+def test_backward_zero_rows_gives_zero_grad_weight(device):
+    x = random((0, 7), torch.float32, device, requires_grad=True)
+    w = random((7,), torch.float32, device, requires_grad=True)
+    y = baracuda_ops.rms_norm(x, 7, w)
+    dx, dw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+    assert dx.shape == (0, 7) and torch.equal(dw, torch.zeros_like(w))
+
+
+def test_gradcheck(device):
+    x = random((4, 3, 5), torch.float64, device, requires_grad=True)
+    w = random((3, 5), torch.float64, device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: baracuda_ops.rms_norm(a, (3, 5), b), (x, w))
+    assert torch.autograd.gradcheck(lambda a: baracuda_ops.rms_norm(a, 5, None, eps=1e-3), (x,))
+
+
+def test_double_backward_raises(device):
+    x = random((3, 8), torch.float64, device, requires_grad=True)
+    w = random((8,), torch.float64, device, requires_grad=True)
+    (dx,) = torch.autograd.grad(baracuda_ops.rms_norm(x, 8, w).sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        dx.sum().backward()
+
+
+@pytest.mark.parametrize("shape,ns,dtype", [((4, 64), (64,), torch.bfloat16), ((8, 4096), (4096,), torch.float32),
+                                            ((3, 70000), (70000,), torch.bfloat16), ((2, 300000), (300000,), torch.float32),
+                                            ((300, 40), (40,), torch.float16)])
+def test_backward_bit_identical_twice(device, shape, ns, dtype):
+    x = random(shape, dtype, device)
+    w = random(ns, dtype, device)
+    g = random(shape, dtype, device)
+    _, rstd = torch.ops.baracuda.rms_norm(x, list(ns), w, None)
+    a = torch.ops.baracuda.rms_norm_backward(g, x, list(ns), rstd, w, [True, True])
+    b = torch.ops.baracuda.rms_norm_backward(g, x, list(ns), rstd, w, [True, True])
+    for u, v in zip(a, b):
+        assert torch.equal(u.view(torch.int16) if u.element_size() == 2 else u.view(torch.int32),
+                           v.view(torch.int16) if v.element_size() == 2 else v.view(torch.int32))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck_forward(device, requires_grad):
+    for shape, ns, wdt in [((3, 8), (8,), torch.float32), ((2, 3, 4), (3, 4), None), ((5, 1024), (1024,), torch.float32),
+                           ((0, 6), (6,), torch.float32)]:
+        x = random(shape, torch.float32, device, requires_grad=requires_grad)
+        w = random(ns, wdt, device, requires_grad=requires_grad) if wdt is not None else None
+        opcheck(torch.ops.baracuda.rms_norm.default, (x, list(ns), w, None))
+    x = random((4, 16), torch.bfloat16, device, requires_grad=requires_grad)
+    w = random((16,), torch.float32, device, requires_grad=requires_grad)
+    opcheck(torch.ops.baracuda.rms_norm.default, (x, [16], w, 1e-5))
+
+
+def test_opcheck_backward(device):
+    # The backward op is once-differentiable (its own autograd raises), so its
+    # samples do not require grad.
+    for shape, ns, wdt, mask in [((3, 8), (8,), torch.float32, [True, True]), ((2, 3, 4), (3, 4), None, [True, True]),
+                                 ((5, 1024), (1024,), torch.float32, [True, False]),
+                                 ((4, 6), (6,), torch.float32, [False, True])]:
+        x = random(shape, torch.float32, device)
+        w = random(ns, wdt, device) if wdt is not None else None
+        g = random(shape, torch.float32, device)
+        _, rstd = torch.ops.baracuda.rms_norm(x, list(ns), w, None)
+        opcheck(torch.ops.baracuda.rms_norm_backward.default, (g, x, list(ns), rstd, w, mask))
+
+
+def test_opcheck_out_variants(device):
+    x = random((3, 8), torch.float32, device)
+    w = random((8,), torch.float32, device)
+    out, rstd = torch.empty(3, 8, device=device), torch.empty(3, 1, device=device)
+    opcheck(torch.ops.baracuda.rms_norm.out, (x, [8], w, None), {"output": out, "rstd": rstd})
+    g = random((3, 8), torch.float32, device)
+    _, r = torch.ops.baracuda.rms_norm(x, [8], w, None)
+    plan = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor((3, 8), (8,), torch.float32,
+                                                                                          device=device))
+    ws = torch.empty(plan.workspace_size(), dtype=torch.uint8, device=device)
+    gi, gw = torch.empty(3, 8, device=device), torch.empty(8, device=device)
+    opcheck(torch.ops.baracuda.rms_norm_backward.out, (g, x, [8], r, w, [True, True]),
+            {"grad_input": gi, "grad_weight": gw, "workspace": ws})
+
+
+def test_compile_module_matches_eager(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), baracuda_ops.nn.RMSNorm(32), torch.nn.Linear(32, 8),
+                                baracuda_ops.nn.RMSNorm((8,), eps=1e-4)).to(device)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+
+    def fn(x):
+        return model(x)
+
+    x = random((6, 16), torch.float32, device, requires_grad=True)
+    check_compile_matches_eager(fn, [x])
+    # Parameter gradients as well.
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    for f in (fn, compiled):
+        model.zero_grad()
+        f(x.detach()).square().sum().backward()
+        if f is fn:
+            eager = [p.grad.clone() for p in model.parameters()]
+    for a, p in zip(eager, model.parameters()):
+        assert_close(p.grad, a)
+
+
+# ---------------------------------------------------------------------------- nn.RMSNorm
+
+
+def test_module_is_drop_in_for_torch_rmsnorm(device):
+    theirs = torch.nn.RMSNorm([3, 16], eps=1e-6, device=device)
+    with torch.no_grad():
+        theirs.weight.copy_(random((3, 16), torch.float32, device))
+    ours = baracuda_ops.nn.RMSNorm([3, 16], eps=1e-6, device=device)
+    ours.load_state_dict(theirs.state_dict())
+    assert repr(ours) == repr(theirs) == "RMSNorm((3, 16), eps=1e-06, elementwise_affine=True)"
+    assert list(dict(ours.named_parameters())) == ["weight"]
+    x = random((5, 3, 16), torch.float32, device)
+    assert_close(ours(x), theirs(x))
+    ours.reset_parameters()
+    assert torch.equal(ours.weight, torch.ones(3, 16, device=device))
+
+    plain = baracuda_ops.nn.RMSNorm(16, elementwise_affine=False, device=device, dtype=torch.float64)
+    assert plain.weight is None and list(plain.state_dict()) == []
+    assert repr(plain) == repr(torch.nn.RMSNorm(16, elementwise_affine=False))
+    x64 = random((4, 16), torch.float64, device)
+    assert_close(plain(x64), F.rms_norm(x64, (16,)))
+    half = baracuda_ops.nn.RMSNorm(16, device=device, dtype=torch.bfloat16)
+    assert half.weight.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------------- Plan API
+
+
+@pytest.mark.parametrize("shape,ns,dtype,wdt", [((6, 40), (40,), torch.float32, None),
+                                                ((3, 2, 1024), (2, 1024), torch.bfloat16, torch.float32),
+                                                ((2, 70000), (70000,), torch.bfloat16, None)])
+def test_plan_run_writes_every_element(device, shape, ns, dtype, wdt):
+    desc = baracuda_ops.RMSNormDescriptor(shape, ns, dtype, weight_dtype=wdt, device=device)
+    plan = baracuda_ops.RMSNormPlan.select(desc)
+    x, w = random(shape, dtype, device), random(ns, wdt or dtype, device)
+    out = poison(torch.empty(shape, dtype=dtype, device=device))
+    rstd = poison(torch.empty(desc.rstd_shape, dtype=acc_dtype(dtype), device=device))
+    plan.run(baracuda_ops.RMSNormArgs(x, w, out, rstd))
+    y_ref, r_ref = torch.ops.baracuda.rms_norm(x, list(ns), w, None)
+    assert torch.equal(out, y_ref) and torch.equal(rstd, r_ref)
+    sku = plan.sku()
+    assert sku.op == "rms_norm" and sku.device_type == device.type and sku.variant
+    assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == torch.float32
+
+    bdesc = baracuda_ops.RMSNormBackwardDescriptor(shape, ns, dtype, weight_dtype=wdt, device=device)
+    bplan = baracuda_ops.RMSNormBackwardPlan.select(bdesc)
+    g = random(shape, dtype, device)
+    gi = poison(torch.empty(shape, dtype=dtype, device=device))
+    gw = poison(torch.empty(ns, dtype=wdt or dtype, device=device))
+    ws = baracuda_ops.Workspace.allocate(bplan.workspace_size(), device)
+    poison(ws.buffer)
+    bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), ws)
+    ref = torch.ops.baracuda.rms_norm_backward(g, x, list(ns), rstd, w, [True, True])
+    assert torch.equal(gi, ref[0]) and torch.equal(gw, ref[1])
+    if device.type == "cuda":
+        assert bplan.workspace_size() > 0 and "ordered_dw_sum" in bplan.sku().variant
+        with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
+            bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), baracuda_ops.Workspace.allocate(8, device))
+        with pytest.raises(baracuda_ops.UnsupportedError):
+            baracuda_ops.RMSNormBackwardPlan.select(bdesc, baracuda_ops.PlanPreference(max_workspace_bytes=0))
+        no_dw = baracuda_ops.RMSNormBackwardDescriptor(shape, ns, dtype, output_mask=(True, False), device=device)
+        assert baracuda_ops.RMSNormBackwardPlan.select(no_dw).workspace_size() == 0
+
+
+def test_backward_plan_without_weight_or_dx(device):
+    desc = baracuda_ops.RMSNormBackwardDescriptor((4, 32), (32,), torch.float32, output_mask=(False, True),
+                                                  device=device)
+    plan = baracuda_ops.RMSNormBackwardPlan.select(desc)
+    x, w, g = random((4, 32), torch.float32, device), random((32,), torch.float32, device), random((4, 32), torch.float32, device)
+    _, rstd = torch.ops.baracuda.rms_norm(x, [32], w, None)
+    gw = poison(torch.empty(32, device=device))
+    plan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, None, gw))
+    assert_close(gw, backward_reference(x, (32,), w, g)[1], scale=4)
+    nw = baracuda_ops.RMSNormBackwardDescriptor((4, 32), (32,), torch.float32, has_weight=False, device=device)
+    gi = poison(torch.empty(4, 32, device=device))
+    baracuda_ops.RMSNormBackwardPlan.select(nw).run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, None, gi, None))
+    assert_close(gi, backward_reference(x, (32,), None, g)[0], scale=4)
+
+
+def test_plan_errors(device):
+    desc = baracuda_ops.RMSNormDescriptor((3, 8), (8,), torch.float32, device=device)
+    plan = baracuda_ops.RMSNormPlan.select(desc)
+    x, w = random((3, 8), torch.float32, device), random((8,), torch.float32, device)
+    rstd = torch.empty(3, 1, device=device)
+    with pytest.raises(baracuda_ops.BufferTooSmallError):
+        plan.run(baracuda_ops.RMSNormArgs(x, w, torch.empty(2, 8, device=device), rstd))
+    with pytest.raises(baracuda_ops.InvalidProblemError):
+        plan.run(baracuda_ops.RMSNormArgs(x, w, torch.empty(3, 8, device=device, dtype=torch.float64), rstd))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="args.weight is None"):
+        plan.run(baracuda_ops.RMSNormArgs(x, None, torch.empty(3, 8, device=device), rstd))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="does not match the trailing dims"):
+        baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((3, 8), (4,), torch.float32, device=device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="at least 1 dim"):
+        baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((3, 8), (), torch.float32, device=device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="float16, bfloat16"):
+        baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor((3, 8), (8,), torch.int32,
+                                                                                      device=device))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="weight dtype"):
+        baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((3, 8), (8,), torch.float32,
+                                                                      weight_dtype=torch.float64, device=device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_variants_follow_row_length():
+    def variant(n, dtype, backward=False):
+        if backward:
+            desc = baracuda_ops.RMSNormBackwardDescriptor((64, n), (n,), dtype, device="cuda")
+            return baracuda_ops.RMSNormBackwardPlan.select(desc).sku().variant
+        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((64, n), (n,), dtype, device="cuda")).sku().variant
+
+    assert variant(1024, torch.bfloat16).startswith("warp_rows<32 threads/row,8 rows/cta,16B>")
+    assert variant(4096, torch.bfloat16) == "cta_row<128,16B>"
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert variant(65536, torch.bfloat16) == "cluster_row<4x512,16B>"
+        assert variant(262144, torch.bfloat16).startswith("cluster_row<8x1024,16B>")
+    assert variant(2**20, torch.float32).startswith("two_pass_row<512,16B>")
+    assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
+
+
+# ---------------------------------------------------------------------------- schemas and errors
+
+
+class TestRmsNormMessages(TestCase):
+    def test_schemas(self):
+        self.assertExpectedInline(
+            "\n".join(
+                str(op._schema)
+                for op in (
+                    torch.ops.baracuda.rms_norm.default,
+                    torch.ops.baracuda.rms_norm.out,
+                    torch.ops.baracuda.rms_norm_backward.default,
+                    torch.ops.baracuda.rms_norm_backward.out,
+                )
+            ),
+            """\
+baracuda::rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> (Tensor output, Tensor rstd)
+baracuda::rms_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, *, Tensor(a!) output, Tensor(b!) rstd) -> ()
+baracuda::rms_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, bool[2] output_mask) -> (Tensor grad_input, Tensor grad_weight)
+baracuda::rms_norm_backward.out(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, bool[2] output_mask, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) workspace) -> ()""",
+        )
+
+    def test_normalized_shape_mismatch(self):
+        x = torch.randn(3, 4)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm(x, [5], None, None), """baracuda::rms_norm: normalized_shape [5] does not match the trailing dims of input shape [3, 4]"""
+        )
+
+    def test_normalized_shape_too_long(self):
+        x = torch.randn(4)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm(x, [1, 4], None, None), """baracuda::rms_norm: normalized_shape [1, 4] does not match the trailing dims of input shape [4]"""
+        )
+
+    def test_empty_normalized_shape(self):
+        x = torch.randn(3, 4)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm(x, [], None, None), """baracuda::rms_norm: normalized_shape must have at least 1 dim, got []"""
+        )
+
+    def test_weight_shape(self):
+        x, w = torch.randn(3, 4), torch.randn(5)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm(x, [4], w, None), """baracuda::rms_norm: weight shape [5] != normalized_shape [4]"""
+        )
+
+    def test_weight_dtype(self):
+        x, w = torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.float64)
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm(x, [4], w, None), """baracuda::rms_norm: weight dtype Double is not supported with input dtype BFloat16; expected BFloat16 or Float"""
+        )
+        x32, w16 = torch.randn(3, 4), torch.randn(4, dtype=torch.float16)
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm(x32, [4], w16, None), """baracuda::rms_norm: weight dtype Half is not supported with input dtype Float; expected Float"""
+        )
+
+    def test_integer_input(self):
+        x = torch.ones(3, 4, dtype=torch.int32)
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm(x, [4], None, None), """baracuda::rms_norm: input must be float16, bfloat16, float32 or float64, got Int"""
+        )
+
+    def test_rstd_shape_and_dtype(self):
+        x, g = torch.randn(3, 4), torch.randn(3, 4)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.rms_norm_backward(g, x, [4], torch.ones(3), None, [True, True]),
+            """baracuda::rms_norm_backward: rstd shape [3] != expected [3, 1]""",
+        )
+        self.assertExpectedRaisesInline(
+            TypeError,
+            lambda: torch.ops.baracuda.rms_norm_backward(g, x, [4], torch.ones(3, 1, dtype=torch.float64), None,
+                                                         [True, True]),
+            """baracuda::rms_norm_backward: rstd dtype Double != expected Float""",
+        )
+
+    def test_grad_out_shape(self):
+        x, g = torch.randn(3, 4), torch.randn(3, 5)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.rms_norm_backward(g, x, [4], torch.ones(3, 1), None, [True, True]),
+            """baracuda::rms_norm_backward: grad_out shape [3, 5] != input shape [3, 4]""",
+        )
+
+    def test_backward_weight_shape(self):
+        x, g, w = torch.randn(3, 4), torch.randn(3, 4), torch.randn(4, 1)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.rms_norm_backward(g, x, [4], torch.ones(3, 1), w, [True, True]),
+            """baracuda::rms_norm_backward: weight shape [4, 1] != normalized_shape [4]""",
+        )
+
+    def test_out_dtype(self):
+        x = torch.randn(3, 4)
+        out, rstd = torch.empty(3, 4, dtype=torch.float64), torch.empty(3, 1)
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm.out(x, [4], None, None, output=out, rstd=rstd), """baracuda::rms_norm: output dtype Double != expected Float"""
+        )
+
+    def test_grad_weight_out_shape(self):
+        x, g, w = torch.randn(3, 4), torch.randn(3, 4), torch.randn(4)
+        gi, gw, ws = torch.empty(3, 4), torch.empty(5), torch.empty(0, dtype=torch.uint8)
+        self.assertExpectedRaisesInline(
+            ValueError,
+            lambda: torch.ops.baracuda.rms_norm_backward.out(g, x, [4], torch.ones(3, 1), w, [True, True],
+                                                             grad_input=gi, grad_weight=gw, workspace=ws),
+            """baracuda::rms_norm_backward: grad_weight shape [5] != expected [4]""",
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_mismatch_and_short_workspace_cuda():
+    x = torch.randn(3, 4, device="cuda")
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm: weight is on cpu but input is on cuda:0"):
+        torch.ops.baracuda.rms_norm(x, [4], torch.randn(4), None)
+    g, w = torch.randn(3, 4, device="cuda"), torch.randn(4, device="cuda")
+    _, rstd = torch.ops.baracuda.rms_norm(x, [4], w, None)
+    gi, gw = torch.empty(3, 4, device="cuda"), torch.empty(4, device="cuda")
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm_backward: workspace has 4 bytes, needs \d+"):
+        torch.ops.baracuda.rms_norm_backward.out(g, x, [4], rstd, w, [True, True], grad_input=gi, grad_weight=gw,
+                                                 workspace=torch.empty(4, dtype=torch.uint8, device="cuda"))
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm_backward: rstd is on cpu but input is on cuda:0"):
+        torch.ops.baracuda.rms_norm_backward(g, x, [4], rstd.cpu(), w, [True, True])
