@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import torch as _torch
+import numbers
+
+import torch
 
 __all__: list[str] = []
 
 # ---------------------------------------------------------------------------- rms_norm
-
-import numbers  # noqa: E402
-
-import torch  # noqa: E402
 
 from .ops.rms_norm import rms_norm as _rms_norm  # noqa: E402
 
@@ -55,13 +53,11 @@ class RMSNorm(torch.nn.Module):
 
 # ---------------------------------------------------------------------------- embedding_bag
 
-import torch as _torch  # noqa: E402
-
 from .ops.embedding_bag import check_supported as _check_embedding_bag_supported  # noqa: E402
 from .ops.embedding_bag import embedding_bag as _embedding_bag  # noqa: E402
 
 
-class EmbeddingBag(_torch.nn.EmbeddingBag):
+class EmbeddingBag(torch.nn.EmbeddingBag):
     """Drop-in for ``torch.nn.EmbeddingBag`` (same constructor, ``weight`` parameter,
     ``from_pretrained`` and state_dict) computed by ``baracuda_ops.embedding_bag``, with a
     deterministic backward. ``max_norm``, ``scale_grad_by_freq=True`` and ``sparse=True`` raise
@@ -90,7 +86,7 @@ from .ops.fractional_max_pool import fractional_max_pool3d as _fmp3d  # noqa: E4
 __all__ += ["FractionalMaxPool2d", "FractionalMaxPool3d"]
 
 
-class FractionalMaxPool2d(_torch.nn.FractionalMaxPool2d):
+class FractionalMaxPool2d(torch.nn.FractionalMaxPool2d):
     """Drop-in for ``torch.nn.FractionalMaxPool2d`` (same arguments, checks and buffer):
     samples are drawn with ``torch.rand`` as PyTorch does, so under the same seed the
     output is bit-identical to the torch module's."""
@@ -100,7 +96,7 @@ class FractionalMaxPool2d(_torch.nn.FractionalMaxPool2d):
                       _random_samples=self._random_samples)
 
 
-class FractionalMaxPool3d(_torch.nn.FractionalMaxPool3d):
+class FractionalMaxPool3d(torch.nn.FractionalMaxPool3d):
     """Drop-in for ``torch.nn.FractionalMaxPool3d`` (same arguments, checks and buffer):
     samples are drawn with ``torch.rand`` as PyTorch does, so under the same seed the
     output is bit-identical to the torch module's."""
@@ -119,24 +115,24 @@ from .ops.alibi import alibi as _alibi, alibi_slopes as _alibi_slopes  # noqa: E
 __all__ += ["ALiBi"]
 
 
-class ALiBi(_torch.nn.Module):
+class ALiBi(torch.nn.Module):
     """Adds the ALiBi bias ``slopes[h] * (j - i)`` to attention scores ``[B, H, Q, K]``.
 
     ``slopes`` starts as ``alibi_slopes(num_heads)``; a buffer, or a Parameter
     trained with the scores when ``learnable``.
     """
 
-    def __init__(self, num_heads: int, learnable: bool = False, device=None, dtype=_torch.float32) -> None:
+    def __init__(self, num_heads: int, learnable: bool = False, device=None, dtype=torch.float32) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.learnable = learnable
         slopes = _alibi_slopes(num_heads, dtype=dtype, device=device)
         if learnable:
-            self.slopes = _torch.nn.Parameter(slopes)
+            self.slopes = torch.nn.Parameter(slopes)
         else:
             self.register_buffer("slopes", slopes)
 
-    def forward(self, scores: _torch.Tensor) -> _torch.Tensor:
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
         return _alibi(scores, self.slopes)
 
     def extra_repr(self) -> str:

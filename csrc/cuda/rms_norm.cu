@@ -54,20 +54,8 @@ constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
 // Choice of kernel: a pure function of (M, N, dtype, device), used by the
 // launchers and by the Plan API through the variant registry.
 
-int device_attribute(cudaDeviceAttr attr) {
-  static std::array<std::array<int, 2>, 64> cache{};
-  const int dev = c10::cuda::current_device();
-  const int slot = attr == cudaDevAttrComputeCapabilityMajor ? 0 : 1;
-  if (cache[dev][slot] == 0) {
-    int v = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-    cache[dev][slot] = v;
-  }
-  return cache[dev][slot];
-}
-
-int sm_major() { return device_attribute(cudaDevAttrComputeCapabilityMajor); }
-int max_smem_optin() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+int sm_major() { return cuda::device_attribute(cudaDevAttrComputeCapabilityMajor); }
+int max_smem_optin() { return cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
 struct RmsChoice {
   bool empty = true;     // M == 0 or N == 0: no kernel runs
@@ -552,18 +540,6 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
   }
 }
 
-// Inputs that are not 16-byte aligned (views with an offset) are copied once, so
-// the kernel choice depends on the problem alone.
-at::Tensor aligned_contiguous(const at::Tensor& t) {
-  auto c = t.contiguous();
-  return cuda::is_aligned(c.const_data_ptr(), 16) ? c : c.clone();
-}
-
-void check_out_aligned(const char* op, const char* name, const at::Tensor& out) {
-  TORCH_CHECK_VALUE(out.numel() == 0 || (out.is_contiguous() && cuda::is_aligned(out.const_data_ptr(), 16)), op,
-                    ": ", name, " must be contiguous and 16-byte aligned on CUDA");
-}
-
 int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
 
 void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape,
@@ -573,7 +549,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
   check_out(kRmsNormOp, "output", output, input.sizes(), input.scalar_type(), input.device());
   check_out(kRmsNormOp, "rstd", rstd, rms_rstd_shape(input.sizes(), normalized_shape.size()),
             rms_acc_dtype(input.scalar_type()), input.device());
-  check_out_aligned(kRmsNormOp, "output", output);
+  cuda::check_out_aligned(kRmsNormOp, "output", output);
   TORCH_CHECK_VALUE(rstd.is_contiguous(), kRmsNormOp, ": rstd must be contiguous");
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
@@ -582,8 +558,8 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
     return;
   }
   const auto c = choose_rms(rows.M, rows.N, input.element_size(), acc_bytes_of(input.scalar_type()), false, false);
-  const auto x = aligned_contiguous(input);
-  const auto w = has_tensor(weight) ? aligned_contiguous(*weight) : at::Tensor();
+  const auto x = cuda::aligned_contiguous(input);
+  const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
   BARACUDA_DISPATCH_FLOATING(input.scalar_type(), "rms_norm_cuda", [&] {
     with_weight_type<scalar_t>(input, weight, [&](auto w_tag) {
@@ -626,7 +602,7 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
   const bool want_dw = output_mask[1] && has_tensor(weight);
   if (want_dx) {
     check_out(op, "grad_input", grad_input, input.sizes(), input.scalar_type(), input.device());
-    check_out_aligned(op, "grad_input", grad_input);
+    cuda::check_out_aligned(op, "grad_input", grad_input);
   }
   if (want_dw) {
     check_out(op, "grad_weight", grad_weight, normalized_shape, weight->scalar_type(), input.device());
@@ -648,10 +624,10 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
                       op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
                       " contiguous 16-byte-aligned bytes");
   }
-  const auto dy = aligned_contiguous(grad_out);
-  const auto x = aligned_contiguous(input);
+  const auto dy = cuda::aligned_contiguous(grad_out);
+  const auto x = cuda::aligned_contiguous(input);
   const auto r = rstd.contiguous();
-  const auto w = has_tensor(weight) ? aligned_contiguous(*weight) : at::Tensor();
+  const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
   BARACUDA_DISPATCH_FLOATING(input.scalar_type(), "rms_norm_backward_cuda", [&] {
     with_weight_type<scalar_t>(input, weight, [&](auto w_tag) {
       using W = decltype(w_tag);

@@ -11,8 +11,7 @@
 
 namespace baracuda {
 
-// "[8, 64]". Use this, not `<< IntArrayRef`, in error messages: streaming an
-// ArrayRef into c10::str crashed (segfault) with the torch 2.11 build on the GPU machine.
+// "[8, 64]": shapes and int lists in error messages.
 inline std::string shape_str(c10::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

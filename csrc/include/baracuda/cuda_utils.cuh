@@ -10,6 +10,9 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace baracuda {
 namespace cuda {
@@ -57,17 +60,23 @@ inline void check_out_aligned(const char* op, const char* name, const at::Tensor
                     " must be contiguous and 16-byte aligned on CUDA");
 }
 
-// Multiprocessor count of the current device, read once per device.
-inline int num_sms() {
-  static std::array<int, 64> cache{};
+// An attribute of the current device (SM count, compute capability, shared
+// memory limit), read once per device and attribute.
+inline int device_attribute(cudaDeviceAttr attr) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, int> cache;
   const int dev = c10::cuda::current_device();
-  if (cache[dev] == 0) {
-    int n = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev] = n;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find({dev, static_cast<int>(attr)});
+  if (it == cache.end()) {
+    int v = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    it = cache.emplace(std::make_pair(dev, static_cast<int>(attr)), v).first;
   }
-  return cache[dev];
+  return it->second;
 }
+
+inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 // Sum across a warp with a fixed butterfly order: every lane gets the same,
 // run-to-run identical result.
