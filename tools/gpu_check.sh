@@ -18,7 +18,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # linker there) links a static libstdc++ into the extension; with objects compiled
 # by the system c++ that copy crashed formatting numbers in error messages.
 # Compile and link with the system compiler.
-export CC=${CC:-cc} CXX=${CXX:-c++} LDSHARED=${LDSHARED:-"c++ -shared"} LDCXXSHARED=${LDCXXSHARED:-"c++ -shared"}
+export CC=gcc CXX=g++ LDSHARED="g++ -shared" LDCXXSHARED="g++ -shared"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 declare -A RESULT
 
@@ -35,7 +35,8 @@ if stage build; then
   start=$(date +%s)
   python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
   rc=$?
-  RESULT[build]="rc=$rc $(( $(date +%s) - start ))s"
+  libstdcxx=$(ldd baracuda_ops/_C*.so 2>/dev/null | grep -c 'libstdc++')
+  RESULT[build]="rc=$rc $(( $(date +%s) - start ))s, links libstdc++ dynamically: $libstdcxx"
   if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; fi
 fi
 

@@ -499,19 +499,20 @@ class EmbeddingBagBackwardPlan(Plan):
 
 
 def zipf_indices(n: int, num_embeddings: int, s: float, device, generator=None) -> torch.Tensor:
-    """n draws of Zipf(s) ranks over num_embeddings rows (inverse CDF), mapped to rows by a random permutation."""
-    ranks = torch.arange(1, num_embeddings + 1, device=device, dtype=torch.float64)
+    """n draws of Zipf(s) ranks over num_embeddings rows (inverse CDF), mapped to rows by a random permutation.
+    Drawn on the CPU (with `generator`, a CPU generator, when given) and moved to `device`."""
+    ranks = torch.arange(1, num_embeddings + 1, dtype=torch.float64)
     cdf = torch.cumsum(ranks.pow(-s), 0)
     cdf /= cdf[-1].clone()
-    u = torch.rand(n, device=device, dtype=torch.float64, generator=generator)
+    u = torch.rand(n, dtype=torch.float64, generator=generator)
     rank = torch.searchsorted(cdf, u).clamp_(max=num_embeddings - 1)
-    return torch.randperm(num_embeddings, device=device, generator=generator)[rank]
+    return torch.randperm(num_embeddings, generator=generator)[rank].to(device)
 
 
 def random_bags(num_bags: int, mean_bag: int, device) -> torch.Tensor:
     """int64 offsets of bags whose sizes are uniform in [1, 2 mean - 1] (mean `mean_bag`)."""
-    sizes = torch.randint(1, 2 * mean_bag, (num_bags,), device=device)
-    return torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
+    sizes = torch.randint(1, 2 * mean_bag, (num_bags,))
+    return torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]]).to(device)
 
 
 def self_checks():
