@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m baracuda_ops", description=__doc__)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--full", action="store_true", help="every benchmark shape (the issue lists), not the short set")
-    p.add_argument("--only", help="benchmark only families whose name contains this")
+    p.add_argument("--only", help="benchmark only these families (comma-separated, e.g. rms_norm,alibi)")
     p.add_argument("--no-peers", action="store_true", help="time baracuda alone")
     p.add_argument("--no-bench", action="store_true", help="self-check only")
     p.add_argument("--json", help="write raw benchmark numbers to this file")
