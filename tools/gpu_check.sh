@@ -72,6 +72,7 @@ if stage bench; then
   python3 -m baracuda_ops --device cuda $BENCH_ARGS "${only_arg[@]}" --json "$OUT/bench.json" --plot "$OUT/bench.png" \
     > "$OUT/bench.log" 2>/tmp/bench.err
   rc=$?
+  [ $rc -ne 0 ] && tail -20 /tmp/bench.err
   RESULT[bench]="rc=$rc $(( $(date +%s) - start ))s"
   sed -n '/^copy bandwidth/,$p' "$OUT/bench.log"
   grep -E "FAIL" "$OUT/bench.log" | head

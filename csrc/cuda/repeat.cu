@@ -87,8 +87,10 @@ RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
   RepeatChoice c = choose_common(t, elem_bytes);
   const int64_t vectors = t.input_numel() / (c.vec_bytes / elem_bytes);
   // Few vectors and many tiles (a bias-like sum): 8 warps share each vector range.
+  // Only then are the tiles split further (partials + ordered combine): with few
+  // tiles per vector the extra partial traffic costs more than the parallelism gains.
   c.tile_lanes = (2 * vectors < threads_for_two_waves() && t.tiles() >= 8 * kTileLanes) ? kTileLanes : 1;
-  choose_splits(c, vectors * c.tile_lanes, t.tiles(), 8 * c.tile_lanes);
+  if (c.tile_lanes > 1) choose_splits(c, vectors * c.tile_lanes, t.tiles(), 8 * c.tile_lanes);
   return c;
 }
 
