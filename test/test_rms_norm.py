@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,8 +64,10 @@ def test_forward_matches_torch_and_float64(device, shape, ns, dtype):
         assert rstd.dtype == acc_dtype(dtype) and rstd.shape == ref_rstd.shape
         assert_close(y, ref_y)
         assert_close(y, expected)
-        torch.testing.assert_close(rstd.double(), ref_rstd, rtol=1e-5 if dtype != torch.float64 else 1e-12, atol=0,
-                                   equal_nan=True)
+        # A float32 sum of N squares drifts up to ~sqrt(N) ulps (the order differs by CPU/vector width).
+        n = math.prod(ns)
+        rtol = 1e-12 if dtype == torch.float64 else max(1e-5, 2 * math.sqrt(n) * 2.0**-24)
+        torch.testing.assert_close(rstd.double(), ref_rstd, rtol=rtol, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", HALF)
