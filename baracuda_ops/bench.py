@@ -97,6 +97,17 @@ def _graph_ms(fn: Callable, input_sets: Sequence[tuple], calls: int, replays: in
     return [t / calls for t in _events_ms(lambda: graph.replay(), [()], replays)]
 
 
+def _reset_rng_after_failed_capture(device: torch.device) -> None:
+    """A capture that fails part-way can leave the CUDA generator's in-graph offset
+    set ("Offset increment outside graph capture"); a small capture that draws a
+    random number starts and ends cleanly and resets it."""
+    graph = torch.cuda.CUDAGraph()
+    scratch = torch.empty(1, device=device)
+    with torch.cuda.graph(graph):
+        scratch.uniform_()
+    torch.cuda.synchronize()
+
+
 def time_ms(fn: Callable, input_sets: Sequence[tuple], device: torch.device, budget_s: float = 0.3,
             graph: bool = True) -> tuple[float, bool]:
     """(median milliseconds per call of fn(*inputs) rotating through input_sets, whether a CUDA graph was used).
@@ -120,6 +131,7 @@ def time_ms(fn: Callable, input_sets: Sequence[tuple], device: torch.device, bud
             return statistics.median(_graph_ms(fn, input_sets, calls, replays=max(5, runs // calls))), True
         except Exception:
             torch.cuda.synchronize()
+            _reset_rng_after_failed_capture(device)
             return statistics.median(_events_ms(fn, input_sets, runs)), False
     times = []
     for i in range(runs):
