@@ -209,11 +209,7 @@ void embedding_bag_backward_out_cpu(const at::Tensor& grad, const at::Tensor& in
   check_out(op, "grad_weight", grad_weight, {num_weights, D}, grad.scalar_type(), grad.device());
   TORCH_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
   const int64_t need = backward_workspace_bytes(num_weights, N);
-  TORCH_CHECK_VALUE(workspace.device() == grad.device() && workspace.is_contiguous() &&
-                        workspace.nbytes() >= static_cast<size_t>(need) &&
-                        reinterpret_cast<uintptr_t>(workspace.const_data_ptr()) % alignof(int64_t) == 0,
-                    op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
-                    " contiguous 8-byte-aligned bytes on ", grad.device());
+  check_workspace(op, workspace, need, alignof(int64_t), grad.device());
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
   const auto bag_size = bag_size_in.contiguous();

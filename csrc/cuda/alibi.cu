@@ -287,13 +287,7 @@ void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, s
   const auto s = alibi_shape(grad);
   const auto c = choose_alibi_backward(s, grad.element_size());
   const int64_t need = alibi_backward_workspace_bytes(s, c, grad.scalar_type());
-  if (need > 0) {
-    check_same_device(kAlibiBackwardOp, "grad", grad, "workspace", workspace);
-    TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
-                          cuda::is_aligned(workspace.const_data_ptr(), 16),
-                      kAlibiBackwardOp, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
-                      " contiguous 16-byte-aligned bytes");
-  }
+  check_workspace(kAlibiBackwardOp, workspace, need, 16, grad.device());
   const auto g = cuda::aligned_contiguous(grad);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "alibi_backward_cuda", [&] {
     with_slope_type<scalar_t>(slopes, [&](auto* tag) {

@@ -560,11 +560,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     return;
   }
   const auto l = backward_layout(num_weights, N, D, acc_bytes_of(grad_in.scalar_type()));
-  check_same_device(op, "grad", grad_in, "workspace", workspace);
-  TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(l.total) &&
-                        cuda::is_aligned(workspace.const_data_ptr(), 256),
-                    op, ": workspace has ", workspace.nbytes(), " bytes, needs ", l.total,
-                    " contiguous 256-byte-aligned bytes");
+  check_workspace(op, workspace, l.total, 256, grad_in.device());
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
   const auto bag_size = bag_size_in.contiguous();

@@ -471,13 +471,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
   const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
   const auto c = choose_repeat_backward(t, grad.element_size());
   const int64_t need = repeat_backward_workspace_bytes(t, c, grad.scalar_type());
-  if (need > 0) {
-    check_same_device(kRepeatBackwardOp, "grad", grad, "workspace", workspace);
-    TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
-                          cuda::is_aligned(workspace.const_data_ptr(), 16),
-                      kRepeatBackwardOp, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
-                      " contiguous 16-byte-aligned bytes");
-  }
+  check_workspace(kRepeatBackwardOp, workspace, need, 16, grad.device());
   const auto g = cuda::aligned_contiguous(grad);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "repeat_backward_cuda", [&] {
     constexpr int kV = 16 / sizeof(scalar_t);

@@ -616,14 +616,7 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
   }
   const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
   const auto c = choose_rms(rows.M, rows.N, input.element_size(), acc_bytes, true, want_dw);
-  if (want_dw) {
-    const int64_t need = dw_workspace_bytes(c, rows.N, acc_bytes);
-    check_same_device(op, "input", input, "workspace", workspace);
-    TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
-                          cuda::is_aligned(workspace.const_data_ptr(), 16),
-                      op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
-                      " contiguous 16-byte-aligned bytes");
-  }
+  if (want_dw) check_workspace(op, workspace, dw_workspace_bytes(c, rows.N, acc_bytes), 16, input.device());
   const auto dy = cuda::aligned_contiguous(grad_out);
   const auto x = cuda::aligned_contiguous(input);
   const auto r = rstd.contiguous();

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
 #include <string>
 
 namespace baracuda {
@@ -55,6 +56,19 @@ inline void check_out(const char* op, const char* name, const at::Tensor& out, c
   TORCH_CHECK_TYPE(out.scalar_type() == dtype, op, ": ", name, " dtype ", out.scalar_type(), " != expected ",
                    dtype);
   check_shape(op, name, out, shape);
+}
+
+// A caller's scratch buffer for an out-variant: when `need` > 0 bytes are needed,
+// it must be on `device`, contiguous, that large, and `align`-byte aligned.
+inline void check_workspace(const char* op, const at::Tensor& workspace, int64_t need, size_t align,
+                            c10::Device device) {
+  if (need <= 0) return;
+  TORCH_CHECK_VALUE(workspace.device() == device, op, ": workspace is on ", workspace.device(), ", expected ",
+                    device);
+  TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
+                        reinterpret_cast<uintptr_t>(workspace.const_data_ptr()) % align == 0,
+                    op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need, " contiguous ", align,
+                    "-byte-aligned bytes");
 }
 
 inline int64_t checked_nonneg(const char* op, const char* name, int64_t v) {
