@@ -329,33 +329,21 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 
 // ---------------------------------------------------------------------------
 // Backward: dx[c] = sum_{k in tiles, row-major over the repeat grid} grad[base(c) + offset(k)].
-// Block = (TX vector lanes) x (L tile lanes). Thread (tx, l) of split s owns P
-// vectors (P = 2 when L = 1: the tile walk and index math are shared by both, and
-// twice the loads are in flight) and sums, in order, the l-th contiguous chunk of
-// the split's tile range; the L lane sums are added in lane order through shared
-// memory. With one split the block writes dx, otherwise an acc_t partial per
-// split, which repeat_combine_kernel adds in split order. No atomics: bit-stable
-// run to run.
-
-template <int L>
-constexpr int vectors_per_thread() {
-  return L == 1 ? 2 : 1;
-}
+// Block = (TX vector lanes) x (L tile lanes). Thread (tx, l) of split s sums, in
+// order, the l-th contiguous chunk of the split's tile range; the L lane sums are
+// added in lane order through shared memory. With one split the block writes dx,
+// otherwise an acc_t partial per split, which repeat_combine_kernel adds in split
+// order. No atomics: bit-stable run to run.
 
 template <typename T, typename AccT, int V, int L, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     repeat_tile_sum_kernel(const T* __restrict__ grad, T* __restrict__ dx, AccT* __restrict__ partials,
                            TileWalker<IndexT> w, IndexT num_vectors, IndexT tiles, IndexT tiles_per_split) {
   constexpr int TX = kThreads / L;
-  constexpr int P = vectors_per_thread<L>();
   const int tx = threadIdx.x % TX, lane = threadIdx.x / TX;
-  IndexT vec[P];
-  bool active[P];
-#pragma unroll
-  for (int j = 0; j < P; ++j) {
-    vec[j] = (IndexT(blockIdx.x) * P + j) * TX + tx;
-    active[j] = vec[j] < num_vectors;
-  }
+  const IndexT vec = IndexT(blockIdx.x) * TX + tx;
+  const bool active = vec < num_vectors;
+  const IndexT c = vec * V;
 
   const IndexT split_begin = IndexT(blockIdx.y) * tiles_per_split;
   const IndexT split_end = min_index(tiles, split_begin + tiles_per_split);
@@ -363,26 +351,18 @@ __global__ void __launch_bounds__(kThreads)
   const IndexT k_begin = min_index(split_end, split_begin + IndexT(lane) * per_lane);
   const IndexT k_end = min_index(split_end, k_begin + per_lane);
 
-  AccT acc[P][V];
+  AccT acc[V];
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) acc[j][i] = AccT(0);
-  }
-  if (active[0] && k_begin < k_end) {
-    const T* g[P];
-#pragma unroll
-    for (int j = 0; j < P; ++j) g[j] = grad + (active[j] ? w.base(vec[j] * V) : 0);
+  for (int i = 0; i < V; ++i) acc[i] = AccT(0);
+  if (active && k_begin < k_end) {
+    const T* g = grad + w.base(c);
     TileOdometer<IndexT> odo(w, k_begin);
     for (IndexT k = k_begin; k < k_end; k += kUnroll) {
-      cuda::Vec<T, V> v[kUnroll][P];
+      cuda::Vec<T, V> v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (k + u < k_end) {
-#pragma unroll
-          for (int j = 0; j < P; ++j) {
-            if (active[j]) v[u][j] = cuda::load_vec<T, V>(g[j] + odo.offset);
-          }
+          v[u] = cuda::load_vec<T, V>(g + odo.offset);
           odo.advance(w);
         }
       }
@@ -390,10 +370,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kUnroll; ++u) {
         if (k + u < k_end) {
 #pragma unroll
-          for (int j = 0; j < P; ++j) {
-#pragma unroll
-            for (int i = 0; i < V; ++i) acc[j][i] += static_cast<AccT>(v[u][j].v[i]);
-          }
+          for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v[u].v[i]);
         }
       }
     }
@@ -402,28 +379,24 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (L > 1) {
     __shared__ AccT lane_sums[L][TX][V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) lane_sums[lane][tx][i] = acc[0][i];
+    for (int i = 0; i < V; ++i) lane_sums[lane][tx][i] = acc[i];
     __syncthreads();
     if (lane != 0) return;
     for (int l = 1; l < L; ++l) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[0][i] += lane_sums[l][tx][i];
+      for (int i = 0; i < V; ++i) acc[i] += lane_sums[l][tx][i];
     }
   }
+  if (!active) return;
+  if (partials == nullptr) {
+    cuda::Vec<T, V> out;
 #pragma unroll
-  for (int j = 0; j < P; ++j) {
-    if (!active[j]) continue;
-    const IndexT c = vec[j] * V;
-    if (partials == nullptr) {
-      cuda::Vec<T, V> out;
+    for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(acc[i]);
+    cuda::store_vec<T, V>(dx + c, out);
+  } else {
+    AccT* p = partials + IndexT(blockIdx.y) * (num_vectors * V) + c;
 #pragma unroll
-      for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(acc[j][i]);
-      cuda::store_vec<T, V>(dx + c, out);
-    } else {
-      AccT* p = partials + IndexT(blockIdx.y) * (num_vectors * V) + c;
-#pragma unroll
-      for (int i = 0; i < V; ++i) p[i] = acc[j][i];
-    }
+    for (int i = 0; i < V; ++i) p[i] = acc[i];
   }
 }
 
@@ -460,10 +433,7 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
   const TileWalker<IndexT> walker(t);
   const auto tiles = static_cast<IndexT>(t.tiles());
   const auto per_split = static_cast<IndexT>(c.tiles_per_split);
-  const int64_t vectors_per_block = c.tile_lanes == kTileLanes
-                                       ? (kThreads / kTileLanes) * vectors_per_thread<kTileLanes>()
-                                       : kThreads * vectors_per_thread<1>();
-  const dim3 grid(ceil_div<int64_t>(num_vectors, vectors_per_block), c.splits);
+  const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads / c.tile_lanes), c.splits);
   if (c.tile_lanes == kTileLanes) {
     repeat_tile_sum_kernel<T, AccT, V, kTileLanes, IndexT><<<grid, kThreads, 0, stream>>>(
         grad.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partials, walker, num_vectors, tiles, per_split);
