@@ -515,6 +515,30 @@ def random_bags(num_bags: int, mean_bag: int, device) -> torch.Tensor:
     return torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]]).to(device)
 
 
+def sanitizer_cases():
+    """Bad inputs for compute-sanitizer (tools/sanitizer_smoke.py): out-of-range and negative
+    indices and broken offsets, forward and both backwards, every mode. The kernels must flag
+    the bags (NaN row, bag_size -1) without reading or writing out of bounds."""
+
+    def run(device):
+        for mode in (0, 1, 2):
+            for dtype in (torch.float32, torch.bfloat16):
+                w = torch.randn(10, 8, device=device, dtype=dtype)
+                idx = torch.tensor([1, 2, 3, 12, 4, 5, -1, 6, 7, 1 << 40], device=device)
+                psw = torch.rand(idx.shape, device=device, dtype=dtype) if mode == 0 else None
+                for off in ([0, 3, 6, 7], [0, 5, 3, 7], [0, 3, 6, 20], [2, 3, 6, 7]):
+                    offsets = torch.tensor(off, device=device)
+                    out, o2b, size, maxpos = torch.ops.baracuda.embedding_bag(w, idx, offsets, mode, psw, False, -1)
+                    assert torch.isnan(out).any() and (size < 0).any(), "bad bags are not flagged"
+                    g = torch.randn_like(out)
+                    torch.ops.baracuda.embedding_bag_backward(g, idx, o2b, size, maxpos, 10, mode, psw, -1)
+                    if mode == 0:
+                        torch.ops.baracuda.embedding_bag_per_sample_weights_backward(g, w, idx, o2b, mode, -1)
+        torch.cuda.synchronize()
+
+    return [run]
+
+
 def self_checks():
     from ..bench import SelfCheck
     import torch.nn.functional as F
