@@ -145,7 +145,7 @@ def test_backward_float64_bit_equal_to_pytorch(device, dims):
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_of_arbitrary_indices(device, dims):
     # Indices not made by the forward (anywhere in the plane, with repeats): on CUDA
-    # these miss the searched windows and take the full-plane path.
+    # they fall outside their windows (strays) and take the full-scan path.
     shape, out = ((2, 3, 12, 10), (5, 4)) if dims == 2 else ((2, 2, 5, 6, 4), (2, 3, 2))
     plane = 1
     for s in shape[-dims:]:
@@ -178,6 +178,49 @@ def test_backward_bit_identical_twice_and_deterministic_mode(device, dtype):
                        results[1].view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
     _, i = _fw(2)(x.detach(), [3, 3], [40, 40], s)
     assert_close(results[0], _scatter_reference(g, i, x.shape, 2), scale=2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_tiled_planes_and_overlaps(device, dims, dtype):
+    # Planes larger than one 64 KiB shared-memory tile (split along T, along H, along W),
+    # windows overlapping (k > stride) so several cells pick one input; bit-identical twice.
+    problems = ([((2, 3, 150, 130), (4, 3), (60, 90)), ((1, 2, 9, 20000), (3, 5), (5, 6000))] if dims == 2
+                else [((1, 3, 20, 40, 33), (3, 2, 4), (9, 25, 20)), ((2, 1, 3, 96, 100), (2, 3, 3), (2, 50, 70))])
+    for shape, k, out in problems:
+        x = random(shape, dtype, device)
+        y, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+        g = random(y.shape, dtype, device)
+        dx = _bw(dims)(g, x, list(k), list(out), i)
+        assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
+        assert_close(dx, _scatter_reference(g, i, shape, dims), scale=2.0)
+        if dtype == torch.float64:  # a plane split by the plan: more than one tile, one flag each
+            desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
+            ws = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc).workspace_size()
+            if device.type == "cuda":
+                assert ws > shape[0] * shape[1] * 4
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_stray_indices_in_one_tiled_plane(device, dims):
+    # Forward indices everywhere but a few cells of one plane that point far from their
+    # windows (one into another tile, one duplicated): only that plane takes the
+    # full-scan path, the others the tile rounds; both must match the reference.
+    shape, k, out = ((3, 2, 140, 120), (3, 3), (50, 40)) if dims == 2 else ((2, 2, 12, 40, 36), (2, 3, 2), (6, 13, 17))
+    x = random(shape, torch.float64, device)
+    _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+    plane = 1
+    for s in shape[-dims:]:
+        plane *= s
+    i = i.clone()
+    flat = i[1, 0].view(-1)
+    flat[0] = plane - 1
+    flat[-1] = 0
+    flat[7] = flat[3]
+    g = random(i.shape, torch.float64, device)
+    dx = _bw(dims)(g, x, list(k), list(out), i)
+    assert_close(dx, _scatter_reference(g, i, shape, dims))
+    assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
 
 
 def test_gradcheck_and_gradgradcheck(device):
@@ -297,12 +340,9 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     if device.type == "cpu":
         assert bplan.sku().variant == "cpu_plane_ordered_scatter" and bplan.workspace_size() == 0
     else:
-        assert bplan.sku().variant == "owner_gather<i32>+claim_check"
-        # one int32 claim count per block of 1024 input elements of each plane
-        planes, plane = shape[0] * shape[1], 1
-        for d in shape[2:]:
-            plane *= d
-        assert bplan.workspace_size() == planes * -(-plane // 1024) * 4
+        assert bplan.sku().variant == "tile_rounds<i32>+stray_fixup"
+        # one int32 stray flag per tile; these planes fit one 64 KiB tile
+        assert bplan.workspace_size() == shape[0] * shape[1] * 4
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
             bplan.run(baracuda_ops.FractionalMaxPoolBackwardArgs(g, x, i, gi), baracuda_ops.Workspace.allocate(1, device))
         with pytest.raises(baracuda_ops.UnsupportedError):

@@ -1,5 +1,5 @@
 """fractional_max_pool family: ``fractional_max_pool2d`` / ``3d``, bit-exact with PyTorch,
-and their backward (a deterministic owner-computes gather).
+and their backward (deterministic, without atomics).
 
 Per axis, with ``u`` the plane's sample and ``alpha = (in - k) / (out - 1)``, the
 window of output ``i`` starts at ``int((i + u) * alpha) - int(u * alpha)``
@@ -8,7 +8,9 @@ window of output ``i`` starts at ``int((i + u) * alpha) - int(u * alpha)``
 maximum (NaN wins) and the index its position in the plane (``h * W + w``;
 3d ``t * H * W + h * W + w``). Samples: 2d ``[..., 0] -> W, [..., 1] -> H``;
 3d ``T, H, W``. The backward is ``dx[e] = sum over o with idx[o] == e of dy[o]``
-in increasing ``o``, without atomics.
+without atomics, in a fixed order: increasing ``o`` on CPU; on CUDA the order of
+conflict-free shared-memory rounds (see csrc/cuda/fractional_max_pool.cu), which
+differs from increasing ``o`` only for inputs picked by three or more cells.
 """
 
 from __future__ import annotations
@@ -254,7 +256,16 @@ class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
 
 
 class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
-    """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic, no atomics)."""
+    """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic, no atomics).
+
+    Variants: CPU ``cpu_plane_ordered_scatter`` (no workspace). CUDA
+    ``tile_rounds<i32|i64>+stray_fixup``: each block accumulates one tile of a plane
+    (at most 64 KiB of float32 / float64 accumulators in shared memory) from the output
+    cells whose windows can reach it; the workspace is one int32 flag per tile
+    (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index outside its
+    cell's window (indices not made by the forward): such planes are recomputed by an
+    ordered full scan.
+    """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:
         d = self.desc

@@ -23,9 +23,10 @@ namespace {
 using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
-constexpr int kThreads = 256;
-constexpr int kElemsPerThread = 4;                       // backward: input elements per thread
-constexpr int64_t kTile = int64_t(kThreads) * kElemsPerThread;  // backward: input elements per block
+constexpr int kThreads = 256;            // forward and stray-fixup blocks
+constexpr int kBwdThreads = 256;         // backward tile blocks
+constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
+constexpr int64_t kTileBytes = 64 * 1024;  // backward: acc_t accumulator of one tile (shared memory)
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -34,27 +35,63 @@ constexpr int64_t kTile = int64_t(kThreads) * kElemsPerThread;  // backward: inp
 constexpr int64_t kInt31 = int64_t(1) << 31;
 
 struct FmpChoice {
-  bool index32;       // 32-bit index math (fast division) when every dividend stays below 2^31
-  int64_t tiles = 0;  // backward: blocks per plane (kTile input elements each)
+  bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
 };
 
 FmpChoice choose_fmp(const FmpGeometry& g) {
   bool fits = g.planes() * g.in_plane() < kInt31 && g.planes() * g.out_plane() < kInt31;
-  // Backward candidate ranges divide (x + 3) * (out + 1)-sized values.
-  for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + 3) * (g.out[a] + 1) < kInt31;
-  return {fits, ceil_div<int64_t>(g.in_plane(), kTile)};
+  // Backward reach and cell-range math multiplies (x + k + 3) * out-sized values.
+  for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + g.k[a] + 3) * (g.out[a] + 1) < kInt31;
+  return {fits};
 }
 
-// Claim counts, one int32 per backward block; none when nothing is launched.
-int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpChoice& c) {
+// Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
+// box of tile[T] x tile[H] x tile[W] input elements of one plane with at most
+// kTileBytes / sizeof(acc_t) elements; only the outermost axes are split, so a
+// tile is always one contiguous range of the plane. Rounds per axis:
+// R = ceil((k + 2) * (out - 1) / (in - k)), at most out (1 when out == 1).
+struct FmpBackwardChoice {
+  bool index32 = true;
+  int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
+  int64_t count[3] = {1, 1, 1};  // tiles per axis
+  int64_t rounds[3] = {1, 1, 1};
+  int64_t tiles = 1;             // tiles per plane
+  int64_t smem_bytes = 0;        // (tile elements + one vector of slack) * sizeof(acc_t)
+};
+
+FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
+  FmpBackwardChoice c;
+  c.index32 = choose_fmp(g).index32;
+  const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
+  const int64_t vec = 16 / static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t budget = kTileBytes / acc_size;
+  // Largest extent per axis, innermost axes whole first.
+  int64_t inner = 1;
+  for (int a = 2; a >= 0; --a) {
+    const int64_t max_extent = std::max<int64_t>(1, budget / inner);
+    c.count[a] = ceil_div<int64_t>(g.in[a], max_extent);
+    c.tile[a] = ceil_div<int64_t>(g.in[a], c.count[a]);  // balanced tiles
+    inner = c.count[a] == 1 ? inner * g.in[a] : budget + 1;  // a split axis leaves 1 for the outer ones
+  }
+  c.tiles = c.count[0] * c.count[1] * c.count[2];
+  for (int a = 0; a < 3; ++a) {
+    const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
+    c.rounds[a] = B <= 0 ? 1 : std::min<int64_t>(g.out[a], ceil_div<int64_t>((g.k[a] + 2) * B, A));
+  }
+  c.smem_bytes = (c.tile[0] * c.tile[1] * c.tile[2] + vec) * acc_size;
+  return c;
+}
+
+// Stray flags, one int32 per backward block; none when nothing is launched.
+int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpBackwardChoice& c) {
   if (g.planes() == 0 || g.out_plane() == 0) return 0;
   return g.planes() * c.tiles * int64_t(sizeof(int32_t));
 }
 
 std::string fmp_variant(const FmpChoice& c) { return std::string("window_max<") + (c.index32 ? "i32" : "i64") + ">"; }
 
-std::string fmp_backward_variant(const FmpChoice& c) {
-  return std::string("owner_gather<") + (c.index32 ? "i32" : "i64") + ">+claim_check";
+std::string fmp_backward_variant(const FmpBackwardChoice& c) {
+  return std::string("tile_rounds<") + (c.index32 ? "i32" : "i64") + ">+stray_fixup";
 }
 
 // ---------------------------------------------------------------------------
@@ -164,99 +201,234 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 }
 
 // ---------------------------------------------------------------------------
-// Backward, owner-computes (no atomics). Every input element e = (t, h, w) of a
-// plane sums, in increasing output order o, the grads of the output cells whose
-// index equals e:  dx[e] = sum_{o : idx[o] == e} dy[o]  (acc_t, rounded once).
-// Only output cells whose window can contain e are searched. Along one axis
-// (A = in - k, B = out - 1), PyTorch's start for any sample is
-// floor(o*A/B) or that + 1, and float/double rounding moves it by at most one
-// more, so start(o) lies in [floor(o*A/B) - 1, floor(o*A/B) + 2] and the cells
-// that can cover x are
-//   o_lo = x >= k + 2 ? ceil((x - k - 1) * B / A) : 0,   o_hi = min(out - 1, ((x + 2) * B - 1) / A)
-// (all cells when A == 0 or out == 1). Each block counts the cells it claimed;
-// a second kernel compares each plane's claims with its cell count and, for a
-// plane whose indices did not all fall in the searched windows (indices not
-// made by the forward), recomputes it by scanning every cell of the plane. Out
-// of range indices contribute nothing.
+// Backward: dx[e] = sum_{o : idx[o] == e} dy[o] per plane, without atomics.
+//
+// Geometry. Along one axis (A = in - k >= B = out - 1, since out + k - 1 <= in),
+// let f(c) = floor(c * A / B) (f = A when out == 1). In exact arithmetic the
+// forward's window of cell c starts at floor((c + u) * alpha) - floor(u * alpha),
+// which is f(c) or f(c) + 1; float rounding moves it by at most one more in
+// practice (measured: never outside [f - 1, f + 1]). The REACH of cell c is
+//   reach(c) = [f(c) - 1, f(c) + k]        (the window for any start in [f-1, f+1]).
+// A cell whose index lies in its reach along every axis is REGULAR, any other
+// cell (index from elsewhere, or outside the plane) is a STRAY.
+//
+// Rounds. Along an axis, R = ceil((k + 2) * B / A) (at most out) cells apart have
+// disjoint reaches: for j - i >= R, f(j) - f(i) >= floor((j - i) * A / B) >=
+// floor(R * A / B) >= k + 2, so f(j) - 1 > f(i) + k. Cell (ct, ch, cw) belongs to
+// round ((ct mod R_T) * R_H + ch mod R_H) * R_W + cw mod R_W; two distinct cells
+// of one round differ by a non-zero multiple of R along some axis, so two
+// REGULAR cells of one round never target the same input element.
+//
+// Tiles. Block b owns tile (b mod tiles) of plane (b / tiles): an input box
+// [x0, x1) per axis that is one contiguous range [g0, g0 + len) of the plane
+// (choose_fmp_backward). It zeroes an acc_t accumulator for the tile in shared
+// memory, then walks, in chunks of kBwdThreads * kCellsPerThread, the box of
+// cells whose reach meets the tile (per axis c0 = min c with f(c) + k >= x0,
+// c1 = max c with f(c) - 1 <= x1 - 1); each thread loads its cells' dy and idx
+// coalesced, flags strays, and keeps the regular cells whose index falls in the
+// tile. Then, for each round r: every thread adds its cells of round r,
+//   acc[idx - g0] += dy          (plain shared-memory read-modify-write)
+// and the block synchronizes. Last the tile is rounded to scalar_t once and
+// stored with 16-byte vectors (the accumulator is offset so the vectors align).
+//
+// Determinism. Within a chunk and round no two cells touch the same element and
+// rounds are separated by barriers, so each element receives its contributions
+// in the fixed order (chunk, round), at most one per (chunk, round); the chunks,
+// rounds and tiles are functions of the problem only. Bit-identical run to run.
+// (The order is not increasing o; it differs from it only for elements with
+// three or more contributions, as floating-point addition is commutative.)
+//
+// Strays. A regular cell is loaded by every tile its reach meets, so it is added
+// exactly once (by the tile holding its index). A stray can target any tile, so
+// a block that sees one writes flag 1 (else 0) to workspace[b], and
+// fmp_stray_fixup_kernel recomputes every plane with a flag by a full ordered
+// scan (sum over all o in increasing order; out-of-plane indices add nothing).
+// Every cell is loaded by at least one tile (reach(c) meets [0, in)), so every
+// stray is seen. Forward indices are never strays unless float rounding moved a
+// start by two, which only costs time.
 
 template <typename IndexT>
-struct AxisCover {
-  IndexT out, k, A, B;
-  bool all;
-  IntDivider<IndexT> div_a;
+struct FmpBwdAxis {
+  IndexT in, out, k, A;    // A = in - k
+  IntDivider<IndexT> B;    // out - 1 (1 when out == 1)
+  IntDivider<IndexT> R;    // rounds along this axis
+  int64_t tile, count;     // input extent of a tile, tiles along this axis
 
-  __device__ __forceinline__ void range(IndexT x, IndexT& lo, IndexT& hi) const {
-    if (all) {
-      lo = 0;
-      hi = out - 1;
+  __device__ __forceinline__ IndexT f(IndexT c) const { return out == 1 ? A : B.div(c * A); }
+  // x in reach(c) = [f(c) - 1, f(c) + k]
+  __device__ __forceinline__ bool reaches(IndexT c, IndexT x) const {
+    const IndexT s = f(c);
+    return x + 1 >= s && x <= s + k;
+  }
+  // Cells whose reach meets the input range [x0, x1]: [c0, c0 + n).
+  __device__ __forceinline__ void cells(int64_t x0, int64_t x1, int64_t& c0, int64_t& n) const {
+    if (out == 1) {
+      c0 = 0;
+      n = 1;
       return;
     }
-    const IndexT h = div_a.div((x + 2) * B - 1);
-    hi = h < out - 1 ? h : out - 1;
-    lo = x >= k + 2 ? div_a.div((x - k - 1) * B + A - 1) : IndexT(0);
+    const int64_t a = A, b = B.divisor, o = out;
+    const int64_t m = x0 - int64_t(k);        // f(c) >= m  <=>  c >= ceil(m * b / a)
+    c0 = m <= 0 ? 0 : std::min<int64_t>(o - 1, (m * b + a - 1) / a);
+    const int64_t c1 = std::min<int64_t>(o - 1, ((x1 + 2) * b - 1) / a);  // f(c) <= x1 + 1
+    n = c1 >= c0 ? c1 - c0 + 1 : 0;
   }
 };
 
 template <typename IndexT>
-struct FmpGatherParams {
-  AxisCover<IndexT> axis[3];
-  IndexT out_h, out_w;
+struct FmpBwdParams {
+  FmpBwdAxis<IndexT> axis[3];
   IntDivider<IndexT> in_w, in_h;
-  IndexT in_plane, out_plane, tiles;
+  int64_t in_plane, out_plane, tiles, blocks;
+  IndexT rounds;  // R_T * R_H * R_W (<= cells of a plane)
 };
 
+// A fast divider built on the device (IntDivider's constructor is host-only).
+template <typename T>
+__device__ __forceinline__ IntDivider<T> device_divider(T d) {
+  IntDivider<T> r;
+  r.divisor = d;
+  return r;
+}
+
+template <>
+__device__ __forceinline__ IntDivider<uint32_t> device_divider<uint32_t>(uint32_t d) {
+  IntDivider<uint32_t> r;
+  r.divisor = d;
+  r.shift = d <= 1 ? 0 : 32 - __clz(d - 1);  // least s with 2^s >= d
+  r.m1 = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << r.shift) - d)) / d + 1);
+  return r;
+}
+
 template <typename scalar_t, typename acc_t, typename IndexT>
-__global__ void __launch_bounds__(kThreads)
-    fmp_gather_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx, scalar_t* __restrict__ dx,
-                      int32_t* __restrict__ claims, FmpGatherParams<IndexT> p) {
-  __shared__ int32_t scratch[kThreads / 32];
-  const int64_t block = blockIdx.x;
-  const int64_t plane = block / p.tiles;
-  const IndexT tile_begin = static_cast<IndexT>(block - plane * p.tiles) * IndexT(kTile);
-  const scalar_t* dyp = dy + plane * p.out_plane;
-  const int64_t* ip = idx + plane * p.out_plane;
-  scalar_t* dxp = dx + plane * p.in_plane;
-  int32_t claimed = 0;
+__global__ void __launch_bounds__(kBwdThreads)
+    fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
+                             scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
+  extern __shared__ __align__(16) unsigned char fmp_smem[];
+  acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  constexpr int kAccVec = 16 / sizeof(acc_t);
+  constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
+  const auto& ax = p.axis;
+
+  for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
+    const int64_t plane = block / p.tiles;
+    int64_t rest = block - plane * p.tiles;
+    int64_t x0[3], x1[3], c0[3], cn[3];
 #pragma unroll
-  for (int j = 0; j < kElemsPerThread; ++j) {
-    const IndexT e = tile_begin + IndexT(j * kThreads + threadIdx.x);
-    if (e < p.in_plane) {
-      const auto wq = p.in_w.divmod(e);
-      const auto hq = p.in_h.divmod(wq.div);
-      IndexT lo[3], hi[3];
-      p.axis[0].range(hq.div, lo[0], hi[0]);
-      p.axis[1].range(hq.mod, lo[1], hi[1]);
-      p.axis[2].range(wq.mod, lo[2], hi[2]);
-      acc_t acc = 0;
-      for (IndexT ot = lo[0]; ot <= hi[0]; ++ot) {
-        for (IndexT oh = lo[1]; oh <= hi[1]; ++oh) {
-          const IndexT row = (ot * p.out_h + oh) * p.out_w;
-          for (IndexT ow = lo[2]; ow <= hi[2]; ++ow) {
-            if (ip[row + ow] == static_cast<int64_t>(e)) {
-              acc += static_cast<acc_t>(dyp[row + ow]);
-              ++claimed;
-            }
+    for (int a = 2; a >= 0; --a) {
+      const int64_t t = rest % ax[a].count;
+      rest /= ax[a].count;
+      x0[a] = t * ax[a].tile;
+      x1[a] = std::min<int64_t>(x0[a] + ax[a].tile, int64_t(ax[a].in));
+      ax[a].cells(x0[a], x1[a] - 1, c0[a], cn[a]);
+    }
+    const int64_t g0 = (x0[0] * int64_t(ax[1].in) + x0[1]) * int64_t(ax[2].in) + x0[2];
+    const int len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
+    scalar_t* const dxt = dx + plane * p.in_plane + g0;
+    // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is.
+    const int shift = static_cast<int>((reinterpret_cast<uintptr_t>(dxt) / sizeof(scalar_t)) % kVec);
+    acc_t* const acct = acc + shift;
+    for (int i = threadIdx.x; i < shift + len; i += kBwdThreads) acc[i] = acc_t(0);
+
+    const scalar_t* const dyp = dy + plane * p.out_plane;
+    const int64_t* const ip = idx + plane * p.out_plane;
+    const IndexT ncells = static_cast<IndexT>(cn[0] * cn[1] * cn[2]);
+    const auto box_w = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[2], 1)));
+    const auto box_h = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[1], 1)));
+    bool stray = false;
+    __syncthreads();  // accumulator zeroed
+    for (IndexT first = 0; first < ncells; first += kChunk) {
+      int64_t target[kCellsPerThread];
+      scalar_t grad[kCellsPerThread];
+#pragma unroll
+      for (int j = 0; j < kCellsPerThread; ++j) {  // coalesced loads of the chunk
+        const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+        target[j] = -1;
+        grad[j] = scalar_t(0);
+        if (q < ncells) {
+          const auto wq = box_w.divmod(q);
+          const auto hq = box_h.divmod(wq.div);
+          const IndexT o = ((static_cast<IndexT>(c0[0]) + hq.div) * ax[1].out + static_cast<IndexT>(c0[1]) + hq.mod) *
+                               ax[2].out +
+                           static_cast<IndexT>(c0[2]) + wq.mod;
+          target[j] = ip[o];
+          grad[j] = dyp[o];
+        }
+      }
+      constexpr IndexT kNoRound = ~IndexT(0);
+      int slot[kCellsPerThread];
+      IndexT round[kCellsPerThread];
+#pragma unroll
+      for (int j = 0; j < kCellsPerThread; ++j) {
+        const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+        round[j] = kNoRound;
+        slot[j] = 0;
+        if (q < ncells) {
+          const auto wq = box_w.divmod(q);  // the cell again (cheaper than holding it)
+          const auto hq = box_h.divmod(wq.div);
+          const IndexT cell[3] = {static_cast<IndexT>(c0[0]) + hq.div, static_cast<IndexT>(c0[1]) + hq.mod,
+                                  static_cast<IndexT>(c0[2]) + wq.mod};
+          const int64_t e = target[j];
+          bool regular = e >= 0 && e < p.in_plane;
+          if (regular) {
+            const auto we = p.in_w.divmod(static_cast<IndexT>(e));
+            const auto he = p.in_h.divmod(we.div);
+            regular = ax[0].reaches(cell[0], he.div) && ax[1].reaches(cell[1], he.mod) &&
+                      ax[2].reaches(cell[2], we.mod);
+          }
+          stray = stray || !regular;
+          if (regular && e >= g0 && e - g0 < len) {
+            slot[j] = static_cast<int>(e - g0);
+            round[j] = (ax[0].R.mod(cell[0]) * ax[1].R.divisor + ax[1].R.mod(cell[1])) * ax[2].R.divisor +
+                       ax[2].R.mod(cell[2]);
           }
         }
       }
-      dxp[e] = static_cast<scalar_t>(acc);
+      for (IndexT r = 0; r < p.rounds; ++r) {
+#pragma unroll
+        for (int j = 0; j < kCellsPerThread; ++j) {
+          if (round[j] == r) acct[slot[j]] += static_cast<acc_t>(grad[j]);
+        }
+        __syncthreads();
+      }
     }
+    // Also the barrier before the store (when the block had no cells).
+    const int any_stray = __syncthreads_or(stray);
+    if (threadIdx.x == 0) strays[block] = any_stray ? 1 : 0;
+
+    const int head = std::min(len, (kVec - shift) % kVec);
+    const int nvec = (len - head) / kVec;
+    for (int i = threadIdx.x; i < head; i += kBwdThreads) dxt[i] = static_cast<scalar_t>(acct[i]);
+    for (int v = threadIdx.x; v < nvec; v += kBwdThreads) {
+      const int i = head + v * kVec;
+      cuda::Vec<scalar_t, kVec> out;
+#pragma unroll
+      for (int s = 0; s < kVec; s += kAccVec) {
+        const auto a = cuda::load_vec<acc_t, kAccVec>(acct + i + s);
+#pragma unroll
+        for (int u = 0; u < kAccVec; ++u) out.v[s + u] = static_cast<scalar_t>(a.v[u]);
+      }
+      cuda::store_vec<scalar_t, kVec>(dxt + i, out);
+    }
+    for (int i = head + nvec * kVec + threadIdx.x; i < len; i += kBwdThreads) {
+      dxt[i] = static_cast<scalar_t>(acct[i]);
+    }
+    __syncthreads();  // the accumulator is reused by the next block of the loop
   }
-  claimed = cuda::block_sum(claimed, scratch);
-  if (threadIdx.x == 0) claims[block] = claimed;
 }
 
-// Per plane: sum of its blocks' claims (fixed order) == out_plane, or the plane
-// is recomputed by a full ordered scan (same sum order as the gather).
+// Per plane: if any of its tiles saw a stray, the plane is recomputed by a full
+// ordered scan, dx[e] = sum over o in increasing order with idx[o] == e.
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
-    fmp_claim_check_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
-                           scalar_t* __restrict__ dx, const int32_t* __restrict__ claims, int64_t planes,
+    fmp_stray_fixup_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
+                           scalar_t* __restrict__ dx, const int32_t* __restrict__ strays, int64_t planes,
                            int64_t tiles, int64_t in_plane, int64_t out_plane) {
   for (int64_t plane = blockIdx.x; plane < planes; plane += gridDim.x) {
-    int64_t total = 0;
-    for (int64_t j = 0; j < tiles; ++j) total += claims[plane * tiles + j];
-    if (total == out_plane) continue;
+    int32_t any = 0;
+    for (int64_t j = 0; j < tiles; ++j) any |= strays[plane * tiles + j];
+    if (!any) continue;
     const scalar_t* dyp = dy + plane * out_plane;
     const int64_t* ip = idx + plane * out_plane;
     for (int64_t e = threadIdx.x; e < in_plane; e += kThreads) {
@@ -270,35 +442,48 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename scalar_t, typename IndexT>
-void launch_fmp_backward(const FmpGeometry& g, const FmpChoice& c, const at::Tensor& dy, const at::Tensor& idx,
-                         const at::Tensor& dx, const at::Tensor& workspace) {
+void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const at::Tensor& dy,
+                         const at::Tensor& idx, const at::Tensor& dx, const at::Tensor& workspace) {
   using acc_t = at::opmath_type<scalar_t>;
-  FmpGatherParams<IndexT> p;
+  FmpBwdParams<IndexT> p;
+  int64_t rounds = 1;
   for (int a = 0; a < 3; ++a) {
     auto& ax = p.axis[a];
+    ax.in = static_cast<IndexT>(g.in[a]);
     ax.out = static_cast<IndexT>(g.out[a]);
     ax.k = static_cast<IndexT>(g.k[a]);
     ax.A = static_cast<IndexT>(g.in[a] - g.k[a]);
-    ax.B = static_cast<IndexT>(g.out[a] - 1);
-    ax.all = g.in[a] == g.k[a] || g.out[a] == 1;
-    if (!ax.all) ax.div_a = IntDivider<IndexT>(ax.A);
+    ax.B = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(g.out[a] - 1, 1)));
+    ax.R = IntDivider<IndexT>(static_cast<IndexT>(c.rounds[a]));
+    ax.tile = c.tile[a];
+    ax.count = c.count[a];
+    rounds *= c.rounds[a];
   }
-  p.out_h = static_cast<IndexT>(g.out[1]);
-  p.out_w = static_cast<IndexT>(g.out[2]);
   p.in_w = IntDivider<IndexT>(static_cast<IndexT>(g.in[2]));
   p.in_h = IntDivider<IndexT>(static_cast<IndexT>(g.in[1]));
-  p.in_plane = static_cast<IndexT>(g.in_plane());
-  p.out_plane = static_cast<IndexT>(g.out_plane());
-  p.tiles = static_cast<IndexT>(c.tiles);
+  p.in_plane = g.in_plane();
+  p.out_plane = g.out_plane();
+  p.tiles = c.tiles;
+  p.blocks = g.planes() * c.tiles;
+  p.rounds = static_cast<IndexT>(rounds);
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  auto* claims = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
-  const int64_t blocks = g.planes() * c.tiles;
-  fmp_gather_kernel<scalar_t, acc_t, IndexT><<<blocks, kThreads, 0, stream>>>(
-      dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), claims, p);
+  auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
+  auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT>;
+  const int smem = static_cast<int>(c.smem_bytes);
+  TORCH_CHECK_NOT_IMPLEMENTED(smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
+                              fmp_op_name(g.dims, true), ": needs ", smem,
+                              " bytes of shared memory per block, the device allows ",
+                              cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  const int64_t grid = std::min<int64_t>(p.blocks, int64_t(1) << 30);
+  kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
+                                               dx.mutable_data_ptr<scalar_t>(), strays, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t check_blocks = std::min<int64_t>(g.planes(), int64_t(cuda::num_sms()) * 16);
-  fmp_claim_check_kernel<scalar_t, acc_t><<<check_blocks, kThreads, 0, stream>>>(
-      dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), claims,
+  const int64_t fixup_blocks = std::min<int64_t>(g.planes(), int64_t(cuda::num_sms()) * 16);
+  fmp_stray_fixup_kernel<scalar_t, acc_t><<<fixup_blocks, kThreads, 0, stream>>>(
+      dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays,
       g.planes(), c.tiles, g.in_plane(), g.out_plane());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -316,7 +501,7 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
     grad_input.zero_();
     return;
   }
-  const auto c = choose_fmp(g);
+  const auto c = choose_fmp_backward(g, self.scalar_type());
   const int64_t need = fmp_backward_workspace_bytes(g, c);
   check_same_device(op, "self", self, "workspace", workspace);
   TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
@@ -337,7 +522,8 @@ at::Tensor fmp_backward_cuda(const at::Tensor& grad_output, const at::Tensor& se
   const auto g = check_fmp_backward(Dims, grad_output, self, kernel_size, output_size, indices);
   auto grad_input = at::empty(self.sizes(), self.options());
   const auto workspace =
-      at::empty({fmp_backward_workspace_bytes(g, choose_fmp(g))}, self.options().dtype(at::kByte));
+      at::empty({fmp_backward_workspace_bytes(g, choose_fmp_backward(g, self.scalar_type()))},
+                self.options().dtype(at::kByte));
   fmp_backward_out_cuda<Dims>(grad_output, self, kernel_size, output_size, indices, grad_input, workspace);
   return grad_input;
 }
@@ -347,9 +533,9 @@ KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType) {
   return {fmp_variant(choose_fmp(fmp_geometry_of_problem("baracuda::fractional_max_pool", problem))), 0};
 }
 
-KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
+KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   const auto g = fmp_geometry_of_problem("baracuda::fractional_max_pool_backward", problem);
-  const auto c = choose_fmp(g);
+  const auto c = choose_fmp_backward(g, dtype);
   return {fmp_backward_variant(c), fmp_backward_workspace_bytes(g, c)};
 }
 
