@@ -503,11 +503,7 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
   }
   const auto c = choose_fmp_backward(g, self.scalar_type());
   const int64_t need = fmp_backward_workspace_bytes(g, c);
-  check_same_device(op, "self", self, "workspace", workspace);
-  TORCH_CHECK_VALUE(workspace.is_contiguous() && workspace.nbytes() >= static_cast<size_t>(need) &&
-                        cuda::is_aligned(workspace.const_data_ptr(), 4),
-                    op, ": workspace has ", workspace.nbytes(), " bytes, needs ", need,
-                    " contiguous 4-byte-aligned bytes");
+  check_workspace(op, workspace, need, 4, self.device());
   const auto dy = grad_output.contiguous();
   const auto idx = indices.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_backward_cuda", [&] {
