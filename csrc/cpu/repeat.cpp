@@ -28,18 +28,24 @@ int64_t output_base_of_input_row(const TiledLayout& t, int64_t row) {
   return base;
 }
 
-// y[i] = x[i_d mod s_d for each collapsed dim d], one output row at a time:
-// the row's source row is found once, then its s_last elements are copied r_last times.
+// y[i] = x[i_d mod s_d for each collapsed dim d]. The output is a sequence of
+// copies of input runs (s_last contiguous elements, r_last times per output row);
+// the work is split into pieces of at most kPiece elements of one run, so even a
+// single long row is copied by all threads.
 void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& out) {
+  constexpr int64_t kPiece = 16384;
   const int64_t elem = x.element_size();
   const int64_t s_last = t.size[t.ndim - 1];
   const int64_t r_last = t.repeat[t.ndim - 1];
-  const int64_t out_rows = t.output_numel() / t.output_row();
+  const int64_t pieces = (s_last + kPiece - 1) / kPiece;
+  const int64_t units = t.output_numel() / s_last * pieces;  // (output row, tile, piece)
   const auto* src = static_cast<const char*>(x.const_data_ptr());
   auto* dst = static_cast<char*>(out.mutable_data_ptr());
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, t.output_row()));
-  at::parallel_for(0, out_rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / (std::min(s_last, kPiece) * elem));
+  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t piece = u % pieces, run = u / pieces;
+      const int64_t row = run / r_last;
       int64_t rem = row, src_row = 0, in_stride = 1;
       for (int d = t.ndim - 2; d >= 0; --d) {
         const int64_t extent = t.size[d] * t.repeat[d];
@@ -47,9 +53,8 @@ void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& ou
         rem /= extent;
         in_stride *= t.size[d];
       }
-      const char* from = src + src_row * s_last * elem;
-      char* to = dst + row * t.output_row() * elem;
-      for (int64_t k = 0; k < r_last; ++k) std::memcpy(to + k * s_last * elem, from, s_last * elem);
+      const int64_t first = piece * kPiece, n = std::min(kPiece, s_last - first);
+      std::memcpy(dst + (run * s_last + first) * elem, src + (src_row * s_last + first) * elem, n * elem);
     }
   });
 }
