@@ -1,0 +1,79 @@
+"""The package around the ops: build facts, the Plan vocabulary, the main job and its tables."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import baracuda_ops
+from baracuda_ops import _plan, bench
+from baracuda_ops.__main__ import main
+
+
+def test_version_build_info_and_typing_marker():
+    info = baracuda_ops.build_info()
+    assert info["version"] == baracuda_ops.__version__
+    assert info["cpu"] is True and info["torch"] == torch.__version__
+    assert isinstance(info["cuda"], bool)
+    assert info["cuda_archs"] is None or isinstance(info["cuda_archs"], str)
+    assert os.path.exists(os.path.join(os.path.dirname(baracuda_ops.__file__), "py.typed"))
+
+
+def test_every_family_is_exported():
+    for name in ("repeat", "rms_norm", "embedding_bag", "fractional_max_pool2d", "fractional_max_pool3d",
+                 "alibi", "alibi_", "alibi_slopes", "RepeatPlan", "RMSNormPlan", "EmbeddingBagPlan",
+                 "FractionalMaxPool2dPlan", "AlibiPlan"):
+        assert name in baracuda_ops.__all__ and hasattr(baracuda_ops, name), name
+    for name in ("RMSNorm", "EmbeddingBag", "FractionalMaxPool2d", "FractionalMaxPool3d", "ALiBi"):
+        assert hasattr(baracuda_ops.nn, name), name
+
+
+def test_error_kinds():
+    assert issubclass(baracuda_ops.InvalidProblemError, (baracuda_ops.BaracudaError, ValueError))
+    assert issubclass(baracuda_ops.UnsupportedError, (baracuda_ops.BaracudaError, NotImplementedError))
+    assert issubclass(baracuda_ops.BufferTooSmallError, baracuda_ops.BaracudaError)
+    assert issubclass(baracuda_ops.WorkspaceTooSmallError, baracuda_ops.BaracudaError)
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="boom"):
+        with _plan.plan_errors():
+            raise IndexError("boom")
+    with pytest.raises(baracuda_ops.UnsupportedError):
+        with _plan.plan_errors():
+            raise NotImplementedError("no kernel")
+
+
+def test_kernel_choice_for_an_unknown_op_is_unsupported():
+    with pytest.raises(baracuda_ops.UnsupportedError, match="no cpu kernel is registered for nope"):
+        _plan.kernel_choice("nope", torch.device("cpu"), [1], torch.float32)
+
+
+def test_workspace_allocate():
+    ws = baracuda_ops.Workspace.allocate(100, "cpu")
+    assert ws.nbytes == 100 and ws.buffer.dtype == torch.uint8
+    assert baracuda_ops.Workspace.allocate(0, "cpu").nbytes == 0
+
+
+def test_main_job_self_check_passes_on_cpu(capsys):
+    assert main(["--device", "cpu", "--no-bench"]) == 0
+    out = capsys.readouterr().out
+    assert "self-check: all passed" in out and "FAIL" not in out
+    for op in ("repeat", "rms_norm", "embedding_bag[max]", "fractional_max_pool3d_backward", "alibi_backward"):
+        assert op in out
+
+
+def test_benchmark_table_and_json(tmp_path):
+    results = [
+        bench.BenchResult("repeat", "case a", "baracuda", 1.0, 10.0, 0.5, True),
+        bench.BenchResult("repeat", "case a", "eager", 2.0, 5.0, 0.25, False),
+    ]
+    table = bench.format_table(20.0, results)
+    assert "| case a | 1.0000 | 10 | 0.50 | 2.0000* | 2.00 |" in table
+    path = tmp_path / "b.json"
+    bench.write_json(str(path), torch.device("cpu"), 20.0, results)
+    data = json.loads(path.read_text())
+    assert data["copy_gbps"] == 20.0 and len(data["results"]) == 2 and data["device"] == "cpu"
+
+
+def test_timing_on_cpu_is_positive():
+    ms, graph = bench.time_ms(lambda a: a.clone(), [(torch.randn(1000),)], torch.device("cpu"), budget_s=0.01)
+    assert ms > 0 and graph is False
