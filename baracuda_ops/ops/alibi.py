@@ -253,13 +253,8 @@ class AlibiPlan(Plan):
 
 
 @dataclass(frozen=True)
-class AlibiBackwardDescriptor:
-    """``shape`` = [B, H, Q, K] of grad; problem encoding: the same four ints."""
-
-    shape: tuple[int, int, int, int]
-    dtype: torch.dtype
-    slopes_dtype: torch.dtype = torch.float32
-    device: torch.device | str = "cpu"
+class AlibiBackwardDescriptor(AlibiDescriptor):
+    """The same fields, with ``shape`` = [B, H, Q, K] of grad."""
 
 
 @dataclass

@@ -167,15 +167,14 @@ def _check_dtypes(op: str, dtype: torch.dtype, weight_dtype: torch.dtype | None)
         raise InvalidProblemError(f"baracuda::{op}: weight dtype {weight_dtype} is not supported with input dtype {dtype}")
 
 
-@dataclass(frozen=True)
-class RMSNormDescriptor:
+class _RowShapes:
+    """Shapes derived from a descriptor's input_shape, normalized_shape and weight fields."""
+
     input_shape: tuple[int, ...]
     normalized_shape: tuple[int, ...]
     dtype: torch.dtype
-    has_weight: bool = True
-    weight_dtype: torch.dtype | None = None  # None: the input dtype
-    eps: float | None = None
-    device: torch.device | str = "cpu"
+    has_weight: bool
+    weight_dtype: torch.dtype | None
 
     @property
     def rstd_shape(self) -> tuple[int, ...]:
@@ -184,6 +183,17 @@ class RMSNormDescriptor:
     @property
     def resolved_weight_dtype(self) -> torch.dtype | None:
         return (self.weight_dtype or self.dtype) if self.has_weight else None
+
+
+@dataclass(frozen=True)
+class RMSNormDescriptor(_RowShapes):
+    input_shape: tuple[int, ...]
+    normalized_shape: tuple[int, ...]
+    dtype: torch.dtype
+    has_weight: bool = True
+    weight_dtype: torch.dtype | None = None  # None: the input dtype
+    eps: float | None = None
+    device: torch.device | str = "cpu"
 
 
 @dataclass
@@ -227,7 +237,7 @@ class RMSNormPlan(Plan):
 
 
 @dataclass(frozen=True)
-class RMSNormBackwardDescriptor:
+class RMSNormBackwardDescriptor(_RowShapes):
     input_shape: tuple[int, ...]
     normalized_shape: tuple[int, ...]
     dtype: torch.dtype
@@ -235,14 +245,6 @@ class RMSNormBackwardDescriptor:
     weight_dtype: torch.dtype | None = None  # None: the input dtype
     output_mask: tuple[bool, bool] = (True, True)
     device: torch.device | str = "cpu"
-
-    @property
-    def rstd_shape(self) -> tuple[int, ...]:
-        return tuple(_rstd_shape(self.input_shape, len(self.normalized_shape)))
-
-    @property
-    def resolved_weight_dtype(self) -> torch.dtype | None:
-        return (self.weight_dtype or self.dtype) if self.has_weight else None
 
     @property
     def computes_grad_weight(self) -> bool:
