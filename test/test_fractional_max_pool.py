@@ -69,6 +69,22 @@ def test_forward_bit_exact_sweep(device, dims, dtype):
         assert torch.equal(y, ry), (shape, k, out)
 
 
+@pytest.mark.parametrize("dims, shape, k, out", [
+    (2, (32, 64, 96, 96), (2, 2), (48, 48)),
+    (2, (16, 64, 96, 96), (3, 2), (47, 60)),
+    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20)),
+])
+def test_forward_bit_exact_large_grid(device, dims, shape, k, out):
+    # Several output cells per thread and more cells than one pass of the capped grid.
+    if device.type != "cuda":
+        pytest.skip("grid-stride coverage of the CUDA kernel; the CPU path is covered by the sweep")
+    x = random(shape, torch.bfloat16, device)
+    s = _samples(x, dims)
+    y, i = _fw(dims)(x, list(k), list(out), s)
+    ry, ri = _torch(dims, x, k, out, s)
+    assert torch.equal(i, ri) and torch.equal(y, ry)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_forward_3d_tight_fit_equals_2d(device, dtype):
     # out + k - 1 == in on every axis, which PyTorch's 3d refuses: a T=1 input pools
@@ -327,7 +343,8 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     assert torch.equal(y, ry) and torch.equal(i, ri)
     sku = plan.sku()
     assert sku.op == f"fractional_max_pool{dims}d" and sku.index_dtype == torch.int64
-    assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else "window_max<i32>")
+    cells = 4 if dims == 2 else 2  # k <= 3: windows of 9 / 27 elements, all loaded before the compares
+    assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else f"window_max<i32,k<=3,{cells} cells/thread>")
     assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == dtype
 
     bplan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)

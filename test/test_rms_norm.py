@@ -313,7 +313,9 @@ def test_plan_run_writes_every_element(device, shape, ns, dtype, wdt):
     bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), ws)
     ref = torch.ops.baracuda.rms_norm_backward(g, x, list(ns), rstd, w, [True, True])
     assert torch.equal(gi, ref[0]) and torch.equal(gw, ref[1])
-    if device.type == "cuda":
+    if device.type == "cuda" and "direct_dw" in bplan.sku().variant:
+        assert bplan.workspace_size() == 0  # one row group writes dW itself
+    elif device.type == "cuda":
         assert bplan.workspace_size() > 0 and "ordered_dw_sum" in bplan.sku().variant
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
             bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), baracuda_ops.Workspace.allocate(8, device))
@@ -376,6 +378,9 @@ def test_cuda_variants_follow_row_length():
         assert variant(262144, torch.bfloat16).startswith("cluster_row<8x1024,16B>")
     assert variant(2**20, torch.float32).startswith("two_pass_row<512,16B>")
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
+    one_row = baracuda_ops.RMSNormBackwardPlan.select(
+        baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, device="cuda"))
+    assert one_row.sku().variant == "cta_row<128,16B>+direct_dw" and one_row.workspace_size() == 0
 
 
 # ---------------------------------------------------------------------------- schemas and errors

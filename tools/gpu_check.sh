@@ -4,6 +4,9 @@
 # benchmark; logs under $OUT, a short summary table last.
 #
 #   STAGES="build test sanitize bench" ONLY=<family filter> BENCH_ARGS="--full" bash tools/gpu_check.sh
+#
+# Stage `profile` (not in the default list) runs Nsight Compute over the benchmark cases
+# whose names contain one of the '|'-separated PROFILE_CASES substrings, ours and peers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/baracuda_out}
@@ -12,7 +15,7 @@ STAGES=${STAGES:-"build test sanitize bench"}
 ONLY=${ONLY:-}
 BENCH_ARGS=${BENCH_ARGS:-"--full"}
 # At most 8 files come back from $OUT: gpu.txt, build.log, tests.log, sanitizer.log,
-# bench.log, bench.json, bench.png.
+# bench.log, bench.json, bench.png, profile.log.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # The GPU image's Python was built with /opt/gcc, whose g++ (distutils' default
 # linker there) links a static libstdc++ into the extension; with objects compiled
@@ -43,7 +46,7 @@ fi
 if stage test; then
   start=$(date +%s)
   filter=()
-  [ -n "$ONLY" ] && filter=(-k "$ONLY")
+  [ -n "$ONLY" ] && filter=(-k "${ONLY//,/ or }")
   python3 -m pytest test -q -rfE -p no:logging -p no:cacheprovider "${filter[@]}" > "$OUT/tests.log" 2>&1
   rc=$?
   RESULT[test]="rc=$rc $(tail -1 "$OUT/tests.log") $(( $(date +%s) - start ))s"
@@ -65,6 +68,16 @@ if stage sanitize; then
   done
 fi
 
+if stage profile; then
+  start=$(date +%s)
+  IFS='|' read -r -a cases <<< "${PROFILE_CASES:-}"
+  ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
+    --section Occupancy --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
+    python3 tools/profile_cases.py "${cases[@]}" > "$OUT/profile.log" 2>&1
+  rc=$?
+  RESULT[profile]="rc=$rc $(grep -c 'Duration' "$OUT/profile.log") kernels $(( $(date +%s) - start ))s"
+fi
+
 if stage bench; then
   start=$(date +%s)
   only_arg=()
@@ -81,6 +94,6 @@ fi
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1)) =="
 printf '%-10s | %s\n' stage result
-for k in build test memcheck racecheck initcheck synccheck bench; do
+for k in build test memcheck racecheck initcheck synccheck profile bench; do
   [ -n "${RESULT[$k]:-}" ] && printf '%-10s | %s\n' "$k" "${RESULT[$k]}"
 done

@@ -1,7 +1,7 @@
 """Compact run of every CUDA kernel for compute-sanitizer: each family's self-checks
 (all dtypes, odd, vector-width and empty sizes, split paths) on the GPU.
 
-    compute-sanitizer --tool memcheck python3 tools/sanitizer_smoke.py [family]
+    compute-sanitizer --tool memcheck python3 tools/sanitizer_smoke.py [family,family,...]
 """
 
 import sys
@@ -13,11 +13,11 @@ from baracuda_ops import bench
 
 
 def main() -> int:
-    only = sys.argv[1] if len(sys.argv) > 1 else None
+    only = sys.argv[1].split(",") if len(sys.argv) > 1 else None  # comma-separated family names
     device = torch.device("cuda")
     failures = 0
     for fam in bench.families():
-        if only and only not in fam.__name__:
+        if only and not any(name in fam.__name__ for name in only):
             continue
         for check in getattr(fam, "self_checks", lambda: [])():
             try:

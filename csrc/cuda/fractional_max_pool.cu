@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "baracuda/checks.h"
 #include "baracuda/cuda_utils.cuh"
@@ -36,14 +37,21 @@ constexpr int64_t kInt31 = int64_t(1) << 31;
 
 struct FmpChoice {
   bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
+  int kmax;      // forward: windows up to kmax per axis unrolled (2 or 3); 0: any size, scanned in loops
 };
 
 FmpChoice choose_fmp(const FmpGeometry& g) {
   bool fits = g.planes() * g.in_plane() < kInt31 && g.planes() * g.out_plane() < kInt31;
   // Backward reach and cell-range math multiplies (x + k + 3) * out-sized values.
   for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + g.k[a] + 3) * (g.out[a] + 1) < kInt31;
-  return {fits};
+  const int64_t k = std::max({g.k[0], g.k[1], g.k[2]});
+  // Unrolled windows only with 32-bit indices (64-bit problems take the loops).
+  return {fits, !fits ? 0 : (k <= 2 ? 2 : (k <= 3 ? 3 : 0))};
 }
+
+// Output cells per thread in the forward: enough window loads in flight to cover
+// DRAM latency (the whole window of each cell is loaded before any compare).
+constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 9 ? 4 : 2); }
 
 // Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
 // box of tile[T] x tile[H] x tile[W] input elements of one plane with at most
@@ -88,18 +96,29 @@ int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpBackwardChoi
   return g.planes() * c.tiles * int64_t(sizeof(int32_t));
 }
 
-std::string fmp_variant(const FmpChoice& c) { return std::string("window_max<") + (c.index32 ? "i32" : "i64") + ">"; }
+std::string fmp_variant(const FmpChoice& c, int dims) {
+  const int window = c.kmax == 0 ? 0 : (dims == 3 ? c.kmax * c.kmax * c.kmax : c.kmax * c.kmax);
+  const std::string k = c.kmax == 0 ? "any k" : "k<=" + std::to_string(c.kmax);
+  return std::string("window_max<") + (c.index32 ? "i32" : "i64") + "," + k + "," +
+         std::to_string(fmp_cells_per_thread(window)) + " cells/thread>";
+}
 
 std::string fmp_backward_variant(const FmpBackwardChoice& c) {
   return std::string("tile_rounds<") + (c.index32 ? "i32" : "i64") + ">+stray_fixup";
 }
 
 // ---------------------------------------------------------------------------
-// Forward. One thread per output cell q = ((plane * outT + ot) * outH + oh) * outW + ow:
+// Forward. Output cell q = ((plane * outT + ot) * outH + oh) * outW + ow:
 //   start_a = fmp_start<acc_t>(sample[plane][slot_a], o_a, in_a, out_a, k_a)  (PyTorch's CUDA formula)
-//   y[q] = first max over the window of x[plane] (val > best || isnan(val), from -inf),
+//   y[q] = first max over the window of x[plane] in (t, h, w) order
+//          (val > best || isnan(val), from -inf),
 //   idx[q] = (t * inH + h) * inW + w of that element (window's first element if all are -inf).
-// Writes are coalesced along ow; 64-bit indices are stored as PyTorch returns them.
+// A thread takes kCells cells q, q + S, ... (S = threads in the grid; consecutive
+// threads take consecutive ow, so loads and stores coalesce). With KT x KHW x KHW
+// windows known at compile time (KHW > 0; cells beyond the runtime k masked), every
+// window element of all kCells cells is loaded before the first compare, so
+// kCells * k^d loads are in flight per thread. KHW == 0: any k, one cell per
+// thread, scanned in loops. 64-bit indices are stored as PyTorch returns them.
 
 template <typename IndexT>
 struct FmpForwardParams {
@@ -110,46 +129,106 @@ struct FmpForwardParams {
   IndexT in_plane;
 };
 
+// Plane of cell q and the (t, h, w) origin of its window.
 template <typename scalar_t, typename acc_t, typename IndexT>
+__device__ __forceinline__ IndexT fmp_window_origin(const scalar_t* __restrict__ samples,
+                                                    const FmpForwardParams<IndexT>& p, IndexT q, IndexT (&start)[3]) {
+  const auto pq = p.out_plane.divmod(q);
+  const auto wq = p.out_w.divmod(pq.mod);
+  const auto hq = p.out_h.divmod(wq.div);
+  const IndexT o[3] = {hq.div, hq.mod, wq.mod};
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    const int slot = p.sample_slot[a];
+    const acc_t u = slot < 0 ? acc_t(0) : static_cast<acc_t>(samples[int64_t(pq.div) * p.dims + slot]);
+    start[a] = static_cast<IndexT>(fmp_start<acc_t>(u, int64_t(o[a]), p.in[a], p.out[a], p.k[a]));
+  }
+  return pq.div;
+}
+
+template <typename scalar_t, typename acc_t, typename IndexT, int KT, int KHW>
 __global__ void __launch_bounds__(kThreads)
     fmp_forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ samples,
                        scalar_t* __restrict__ y, int64_t* __restrict__ idx, FmpForwardParams<IndexT> p,
                        IndexT total) {
-  const IndexT stride = IndexT(gridDim.x) * kThreads;
-  for (IndexT q = IndexT(blockIdx.x) * kThreads + threadIdx.x; q < total; q += stride) {
-    const auto pq = p.out_plane.divmod(q);
-    const auto wq = p.out_w.divmod(pq.mod);
-    const auto hq = p.out_h.divmod(wq.div);
-    const IndexT plane = pq.div;
-    const IndexT o[3] = {hq.div, hq.mod, wq.mod};
-    IndexT start[3];
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      const int slot = p.sample_slot[a];
-      const acc_t u = slot < 0 ? acc_t(0) : static_cast<acc_t>(samples[int64_t(plane) * p.dims + slot]);
-      start[a] = static_cast<IndexT>(fmp_start<acc_t>(u, int64_t(o[a]), p.in[a], p.out[a], p.k[a]));
-    }
-    const scalar_t* xp = x + int64_t(plane) * p.in_plane;
-    acc_t best = -INFINITY;
-    IndexT best_index = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
-    for (IndexT t = start[0]; t < start[0] + p.k[0]; ++t) {
-      for (IndexT h = start[1]; h < start[1] + p.k[1]; ++h) {
-        const IndexT row = (t * p.in[1] + h) * p.in[2];
-        for (IndexT w = start[2]; w < start[2] + p.k[2]; ++w) {
-          const acc_t v = static_cast<acc_t>(xp[row + w]);
-          if (v > best || v != v) {
-            best = v;
-            best_index = row + w;
+  constexpr int kWindow = KT * KHW * KHW;
+  constexpr int kCells = fmp_cells_per_thread(kWindow);
+  const IndexT S = IndexT(gridDim.x) * kThreads;
+  for (IndexT q0 = IndexT(blockIdx.x) * kThreads + threadIdx.x; q0 < total; q0 += S * kCells) {
+    if constexpr (KHW == 0) {
+      IndexT start[3];
+      const IndexT plane = fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q0, start);
+      const scalar_t* xp = x + int64_t(plane) * p.in_plane;
+      acc_t best = -INFINITY;
+      IndexT best_index = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
+      for (IndexT t = start[0]; t < start[0] + p.k[0]; ++t) {
+        for (IndexT h = start[1]; h < start[1] + p.k[1]; ++h) {
+          const IndexT row = (t * p.in[1] + h) * p.in[2];
+          for (IndexT w = start[2]; w < start[2] + p.k[2]; ++w) {
+            const acc_t v = static_cast<acc_t>(xp[row + w]);
+            if (v > best || v != v) {
+              best = v;
+              best_index = row + w;
+            }
           }
         }
       }
+      y[q0] = static_cast<scalar_t>(best);
+      idx[q0] = static_cast<int64_t>(best_index);
+    } else {
+      IndexT origin[kCells];
+      scalar_t vals[kCells][kWindow];
+#pragma unroll
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = q0 + IndexT(c) * S;
+        if (q >= total) continue;
+        IndexT start[3];
+        const IndexT plane = fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, start);
+        origin[c] = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
+        const scalar_t* xp = x + int64_t(plane) * p.in_plane + origin[c];
+#pragma unroll
+        for (int dt = 0; dt < KT; ++dt) {
+#pragma unroll
+          for (int dh = 0; dh < KHW; ++dh) {
+#pragma unroll
+            for (int dw = 0; dw < KHW; ++dw) {
+              if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
+                vals[c][(dt * KHW + dh) * KHW + dw] = xp[(IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = q0 + IndexT(c) * S;
+        if (q >= total) continue;
+        acc_t best = -INFINITY;
+        IndexT best_index = origin[c];
+#pragma unroll
+        for (int dt = 0; dt < KT; ++dt) {
+#pragma unroll
+          for (int dh = 0; dh < KHW; ++dh) {
+#pragma unroll
+            for (int dw = 0; dw < KHW; ++dw) {
+              if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
+                const acc_t v = static_cast<acc_t>(vals[c][(dt * KHW + dh) * KHW + dw]);
+                if (v > best || v != v) {
+                  best = v;
+                  best_index = origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw;
+                }
+              }
+            }
+          }
+        }
+        y[q] = static_cast<scalar_t>(best);
+        idx[q] = static_cast<int64_t>(best_index);
+      }
     }
-    y[q] = static_cast<scalar_t>(best);
-    idx[q] = static_cast<int64_t>(best_index);
   }
 }
 
-template <typename scalar_t, typename IndexT>
+template <typename scalar_t, typename IndexT, int KT, int KHW>
 void launch_fmp_forward(const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
                         const at::Tensor& output, const at::Tensor& indices) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -166,11 +245,29 @@ void launch_fmp_forward(const FmpGeometry& g, const at::Tensor& x, const at::Ten
   p.out_plane = IntDivider<IndexT>(static_cast<IndexT>(g.out_plane()));
   p.in_plane = static_cast<IndexT>(g.in_plane());
   const int64_t total = g.planes() * g.out_plane();
-  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(total, kThreads), int64_t(cuda::num_sms()) * 32);
-  fmp_forward_kernel<scalar_t, acc_t, IndexT><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  const int64_t cells = fmp_cells_per_thread(KT * KHW * KHW);
+  const int64_t blocks =
+      std::min<int64_t>(ceil_div<int64_t>(total, kThreads * cells), int64_t(cuda::num_sms()) * 32);
+  fmp_forward_kernel<scalar_t, acc_t, IndexT, KT, KHW><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
       indices.mutable_data_ptr<int64_t>(), p, static_cast<IndexT>(total));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Calls launch_fmp_forward with the window bound of the choice (2d: KT = 1).
+template <int Dims, typename scalar_t, typename IndexT>
+void launch_fmp_forward_for(const FmpChoice& c, const FmpGeometry& g, const at::Tensor& x,
+                            const at::Tensor& samples, const at::Tensor& output, const at::Tensor& indices) {
+  constexpr int kT2 = Dims == 3 ? 2 : 1, kT3 = Dims == 3 ? 3 : 1;
+  if constexpr (!std::is_same_v<IndexT, uint32_t>) {
+    launch_fmp_forward<scalar_t, IndexT, 1, 0>(g, x, samples, output, indices);  // choose_fmp: kmax == 0
+  } else if (c.kmax == 2) {
+    launch_fmp_forward<scalar_t, IndexT, kT2, 2>(g, x, samples, output, indices);
+  } else if (c.kmax == 3) {
+    launch_fmp_forward<scalar_t, IndexT, kT3, 3>(g, x, samples, output, indices);
+  } else {
+    launch_fmp_forward<scalar_t, IndexT, 1, 0>(g, x, samples, output, indices);
+  }
 }
 
 template <int Dims>
@@ -184,8 +281,8 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cuda", [&] {
-    c.index32 ? launch_fmp_forward<scalar_t, uint32_t>(g, x, s, output, indices)
-              : launch_fmp_forward<scalar_t, uint64_t>(g, x, s, output, indices);
+    c.index32 ? launch_fmp_forward_for<Dims, scalar_t, uint32_t>(c, g, x, s, output, indices)
+              : launch_fmp_forward_for<Dims, scalar_t, uint64_t>(c, g, x, s, output, indices);
   });
 }
 
@@ -526,7 +623,8 @@ at::Tensor fmp_backward_cuda(const at::Tensor& grad_output, const at::Tensor& se
 
 // problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
 KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType) {
-  return {fmp_variant(choose_fmp(fmp_geometry_of_problem("baracuda::fractional_max_pool", problem))), 0};
+  const auto g = fmp_geometry_of_problem("baracuda::fractional_max_pool", problem);
+  return {fmp_variant(choose_fmp(g), g.dims), 0};
 }
 
 KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {

@@ -13,7 +13,8 @@
 //   forward : M*N*e read + M*N*e written + M*a written (+ w, cached)
 //   backward: 2*M*N*e read + M*a read + M*N*e written (+ w, cached)
 //             + P*N*a dW partials written and read once by the ordered sum,
-//             P ~ the number of row groups resident on the GPU at once.
+//             P ~ the number of row groups resident on the GPU at once
+//             (P == 1, e.g. a single decode row: dW is written directly, one launch).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -129,8 +130,11 @@ RmsChoice choose_rms(int64_t M, int64_t N, int64_t elem, int64_t acc_bytes, bool
   return c;
 }
 
+// One row group (P == 1): the kernel writes dW itself, no partials.
+bool dw_direct(const RmsChoice& c) { return c.clusters == 1 && !c.looped; }
+
 int64_t dw_workspace_bytes(const RmsChoice& c, int64_t N, int64_t acc_bytes) {
-  return c.empty ? 0 : c.clusters * N * acc_bytes;
+  return c.empty || dw_direct(c) ? 0 : c.clusters * N * acc_bytes;
 }
 
 std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw) {
@@ -147,7 +151,7 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
   } else {
     v = "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec + ">";
   }
-  if (backward && dw) v += "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
+  if (backward && dw) v += dw_direct(c) ? "+direct_dw" : "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
   return v;
 }
 
@@ -179,6 +183,9 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col
     for (int i = 0; i < kChunk; ++i) out[c * kChunk + i] = static_cast<AccT>(v.v[i]);
   }
 }
+
+// Starts moving the (at most 128-byte, line-aligned) vector at p into L1; no register waits on it.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 template <typename T, int V>
 __device__ __forceinline__ void zero_vec(cuda::Vec<T, V>& v) {
@@ -271,6 +278,11 @@ __global__ void __launch_bounds__(kMaxThreads)
         zero_vec(xv[j]);
       }
     }
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {  // w's latency hides behind x's and the reduction
+      const int q = j * L.row_threads + L.u;
+      if (live && q < nv && w != nullptr) prefetch_l1(w + int64_t(q) * V);
+    }
     AccT ss = 0;
 #pragma unroll
     for (int j = 0; j < kVpt; ++j) {
@@ -306,19 +318,22 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   element): each thread adds the rows it visits in order. At the end the CTA
 //   adds its row slots in row order and writes partials[p][col] (p = the row
 //   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
+//   With a single row group (gridDim == cluster) the sums are dW itself: written
+//   to dw_direct as W, and no second kernel runs.
 
 template <typename T, typename W, typename AccT, int V>
 __global__ void __launch_bounds__(kBwdMaxThreads)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
-                        const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials, int64_t M, int N,
-                        int group, int cluster) {
+                        const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
+                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster) {
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [kVpt * V][blockDim.x]
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
   const RowLayout L(group, cluster);
   const int nv = N / V;
-  if (partials != nullptr) {
+  const bool want_dw = partials != nullptr || dw_direct != nullptr;
+  if (want_dw) {
 #pragma unroll
     for (int k = 0; k < kVpt * V; ++k) acc[k * blockDim.x + threadIdx.x] = AccT(0);
   }
@@ -366,7 +381,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
         }
         cuda::store_vec<T, V>(dx + row * N + int64_t(q) * V, out);
       }
-      if (partials != nullptr) {
+      if (want_dw) {
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           acc[(j * V + i) * blockDim.x + threadIdx.x] +=
@@ -375,11 +390,26 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       }
     }
   }
-  if (partials != nullptr) {
+  if (want_dw && L.rows_per_cta == 1) {
+    // One row per CTA: a thread's own slots are its columns' sums.
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (q >= nv) continue;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const AccT sum = acc[(j * V + i) * blockDim.x + threadIdx.x];
+        if (dw_direct != nullptr) {
+          dw_direct[int64_t(q) * V + i] = static_cast<W>(sum);
+        } else {
+          partials[int64_t(blockIdx.x / cluster) * N + int64_t(q) * V + i] = sum;
+        }
+      }
+    }
+  } else if (want_dw) {
     __syncthreads();
     // Slot (j, t, i) of this CTA is column (j * row_threads + rank * group + t) * V + i;
     // consecutive slots are consecutive columns, so the writes coalesce.
-    AccT* out = partials + int64_t(blockIdx.x / cluster) * N;
     const int slots_per_cta = kVpt * V * group;
     for (int slot = threadIdx.x; slot < slots_per_cta; slot += blockDim.x) {
       const int j = slot / (group * V);
@@ -389,7 +419,11 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       if (q >= nv) continue;
       AccT sum = 0;
       for (int g = 0; g < L.rows_per_cta; ++g) sum += acc[(j * V + i) * blockDim.x + g * group + t];
-      out[int64_t(q) * V + i] = sum;
+      if (dw_direct != nullptr) {
+        dw_direct[int64_t(q) * V + i] = static_cast<W>(sum);
+      } else {
+        partials[int64_t(blockIdx.x / cluster) * N + int64_t(q) * V + i] = sum;
+      }
     }
   }
   if (cluster > 1) cluster_sync();
@@ -631,15 +665,17 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
         const auto* rp = r.const_data_ptr<acc_t>();
         const W* wp = w.defined() ? w.const_data_ptr<W>() : nullptr;
         scalar_t* dxp = want_dx ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
-        acc_t* parts = want_dw ? static_cast<acc_t*>(workspace.mutable_data_ptr()) : nullptr;
+        const bool direct = want_dw && dw_direct(c);
+        acc_t* parts = want_dw && !direct ? static_cast<acc_t*>(workspace.mutable_data_ptr()) : nullptr;
+        W* dwp = direct ? grad_weight.mutable_data_ptr<W>() : nullptr;
         if (c.looped) {
           launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, gp, xp, rp, wp, dxp,
                  parts, rows.M, rows.N);
         } else {
           launch(rms_norm_bwd_kernel<scalar_t, W, acc_t, V>, c.clusters * c.cluster, c.block, c.cluster, c.smem, gp,
-                 xp, rp, wp, dxp, parts, rows.M, static_cast<int>(rows.N), c.group, c.cluster);
+                 xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster);
         }
-        if (want_dw) {
+        if (want_dw && !direct) {
           const dim3 block(kReduceCols, kReduceSlices);
           const auto stream = c10::cuda::getCurrentCUDAStream();
           rms_norm_dw_sum_kernel<acc_t, W><<<ceil_div<int64_t>(rows.N, kReduceCols), block, 0, stream>>>(
