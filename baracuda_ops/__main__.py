@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--full", action="store_true", help="every benchmark shape (the issue lists), not the short set")
     p.add_argument("--only", help="benchmark only these families (comma-separated, e.g. rms_norm,alibi)")
+    p.add_argument("--cases", help="benchmark only cases whose name contains one of these ('|'-separated) substrings")
     p.add_argument("--no-peers", action="store_true", help="time baracuda alone")
     p.add_argument("--no-bench", action="store_true", help="self-check only")
     p.add_argument("--json", help="write raw benchmark numbers to this file")
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_bench:
         print("\nbenchmark:")
-        copy_gbps, results = bench.run_benchmarks(device, full=args.full, peers=not args.no_peers, only=args.only,
+        copy_gbps, results = bench.run_benchmarks(device, full=args.full, peers=not args.no_peers, only=args.only, cases=args.cases,
                                                   progress=_progress)
         print(bench.format_table(copy_gbps, results, cuda=device.type == "cuda"))
         if args.json:

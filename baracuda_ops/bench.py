@@ -161,16 +161,21 @@ def _input_sets(case: BenchCase, device: torch.device) -> list[tuple]:
 
 
 def run_benchmarks(device: torch.device, full: bool = False, peers: bool = True, only: str | None = None,
+                   cases: str | None = None,
                    progress: Callable[[int, int, str], None] | None = None) -> tuple[float, list[BenchResult]]:
+    """Times every case of the families in `only` (comma-separated; all when None) whose
+    name contains one of the '|'-separated substrings in `cases` (all when None)."""
     copy_gbps = copy_bandwidth_gbps(device)
-    cases: list[BenchCase] = []
+    cases_to_run: list[BenchCase] = []
     for fam in families():
         if hasattr(fam, "benchmarks"):
-            cases += [c for c in fam.benchmarks(device, full) if only is None or c.family in only.split(",")]
+            cases_to_run += [c for c in fam.benchmarks(device, full)
+                             if (only is None or c.family in only.split(","))
+                             and (cases is None or any(part in c.name for part in cases.split("|")))]
     results: list[BenchResult] = []
-    for i, case in enumerate(cases):
+    for i, case in enumerate(cases_to_run):
         if progress:
-            progress(i, len(cases), case.name)
+            progress(i, len(cases_to_run), case.name)
         sets = _input_sets(case, device)
         impls = {"baracuda": case.ours}
         if peers:
@@ -190,7 +195,7 @@ def run_benchmarks(device: torch.device, full: bool = False, peers: bool = True,
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if progress:
-        progress(len(cases), len(cases), "done")
+        progress(len(cases_to_run), len(cases_to_run), "done")
     return copy_gbps, results
 
 

@@ -121,6 +121,32 @@ def test_backward_matches_float64_autograd(device, shape, ns, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_long_rows_many_per_cluster(device, dtype):
+    # Rows that need a thread-block cluster, several per cluster (the slot parity
+    # across cluster barriers, dW accumulated over a cluster's rows).
+    if device.type != "cuda":
+        pytest.skip("cluster kernels: CUDA only (the CPU path is covered by the row sweep)")
+    n = 65536 if dtype == torch.bfloat16 else 32768
+    x = random((300, n), dtype, device)
+    w = random((n,), dtype, device)
+    g = random((300, n), dtype, device)
+    y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    y_ref, rstd_ref = reference(x, (n,), w)
+    assert_close(y, y_ref)
+    torch.testing.assert_close(rstd.double(), rstd_ref, rtol=2 * math.sqrt(n) * 2.0**-24, atol=0)
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
+    refs = backward_reference(x, (n,), w, g)
+    assert_close(dx, refs[0], scale=4)
+    assert_close(dw, refs[1], dtype=dtype, scale=4 * 300**0.5)
+    again = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
+    assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
+    plan = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor((300, n), (n,), dtype,
+                                                                                          device=device))
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert plan.sku().variant.startswith("cluster_row<")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_backward_matches_torch_autograd(device, dtype):
     for wdt in weight_kinds(dtype)[1:]:
         x = random((9, 300), dtype, device, requires_grad=True)
@@ -367,9 +393,9 @@ def test_plan_errors(device):
 def test_cuda_variants_follow_row_length():
     def variant(n, dtype, backward=False):
         if backward:
-            desc = baracuda_ops.RMSNormBackwardDescriptor((64, n), (n,), dtype, device="cuda")
+            desc = baracuda_ops.RMSNormBackwardDescriptor((1024, n), (n,), dtype, device="cuda")
             return baracuda_ops.RMSNormBackwardPlan.select(desc).sku().variant
-        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((64, n), (n,), dtype, device="cuda")).sku().variant
+        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((1024, n), (n,), dtype, device="cuda")).sku().variant
 
     assert variant(1024, torch.bfloat16).startswith("warp_rows<32 threads/row,8 rows/cta,16B>")
     assert variant(4096, torch.bfloat16) == "cta_row<128,16B>"
@@ -380,7 +406,7 @@ def test_cuda_variants_follow_row_length():
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
     one_row = baracuda_ops.RMSNormBackwardPlan.select(
         baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, device="cuda"))
-    assert one_row.sku().variant == "cta_row<128,16B>+direct_dw" and one_row.workspace_size() == 0
+    assert one_row.sku().variant == "cta_row<128,16B>+direct_dw" and one_row.workspace_size() == 0  # one row group
 
 
 # ---------------------------------------------------------------------------- schemas and errors
@@ -498,9 +524,11 @@ def test_device_mismatch_and_short_workspace_cuda():
     x = torch.randn(3, 4, device="cuda")
     with pytest.raises(ValueError, match=r"baracuda::rms_norm: weight is on cpu but input is on cuda:0"):
         torch.ops.baracuda.rms_norm(x, [4], torch.randn(4), None)
-    g, w = torch.randn(3, 4, device="cuda"), torch.randn(4, device="cuda")
+    # Enough rows for several dW partial rows (one row group writes dW directly, no workspace).
+    x = torch.randn(4096, 4, device="cuda")
+    g, w = torch.randn(4096, 4, device="cuda"), torch.randn(4, device="cuda")
     _, rstd = torch.ops.baracuda.rms_norm(x, [4], w, None)
-    gi, gw = torch.empty(3, 4, device="cuda"), torch.empty(4, device="cuda")
+    gi, gw = torch.empty(4096, 4, device="cuda"), torch.empty(4, device="cuda")
     with pytest.raises(ValueError, match=r"baracuda::rms_norm_backward: workspace has 4 bytes, needs \d+"):
         torch.ops.baracuda.rms_norm_backward.out(g, x, [4], rstd, w, [True, True], grad_input=gi, grad_weight=gw,
                                                  workspace=torch.empty(4, dtype=torch.uint8, device="cuda"))

@@ -36,7 +36,7 @@ constexpr int kUnroll = 8;          // forward: bag entries whose loads are in f
 constexpr int kSumUnroll = 4;       // backward: sorted positions whose loads are in flight together
 constexpr int64_t kChunk = 128;     // backward: sorted positions per chunk
 constexpr int64_t kGroup = 32;      // backward: chunks per group partial
-constexpr uint32_t kAbsent = 0xffffffffu;
+constexpr int64_t kU32Limit = 0xffffffff;  // backward: sort keys, positions and run ends are uint32
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -65,17 +65,17 @@ int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 
 // Backward scratch, byte offsets into the workspace (each 256-aligned):
-// sort keys and positions (double-buffered), CUB's temporary storage, the
-// [begin, end) of each row in the sorted order, and the chunk/group partials.
+// sort keys and positions (double-buffered), CUB's temporary storage, the end
+// of each row's run in the sorted order, and the chunk/group partials.
 struct BackwardLayout {
   int end_bit = 0;
   size_t cub_bytes = 0;
   int64_t num_chunks = 0, num_groups = 0;
-  int64_t keys[2], vals[2], cub, bounds, head, tail, group, total;
+  int64_t keys[2], vals[2], cub, run_end, head, tail, group, total;
 };
 
 BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t dim, int64_t acc_bytes) {
-  TORCH_CHECK_NOT_IMPLEMENTED(num_weights < int64_t(kAbsent) && num_indices < int64_t(kAbsent),
+  TORCH_CHECK_NOT_IMPLEMENTED(num_weights < kU32Limit && num_indices < kU32Limit,
                               kEmbeddingBagBackwardOp, ": the CUDA kernel needs num_weights and the number of "
                               "indices below 2^32 - 1, got ", num_weights, " and ", num_indices);
   BackwardLayout l;
@@ -91,8 +91,8 @@ BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t
   for (int b = 0; b < 2; ++b) { l.vals[b] = at; at += n4; }
   l.cub = at;
   at += align256(static_cast<int64_t>(l.cub_bytes));
-  l.bounds = at;
-  at += align256(num_weights * 8);
+  l.run_end = at;
+  at += align256(num_weights * 4);
   l.head = at;
   at += align256(l.num_chunks * dim * acc_bytes);
   l.tail = at;
@@ -110,7 +110,9 @@ int64_t grid_stride_blocks(int64_t n) {
 // ---------------------------------------------------------------------------
 // Forward. One team of `team` threads per bag; each thread owns `V` adjacent
 // columns (one 16-byte vector when D allows) and walks the bag's entries in
-// position order, kUnroll entries' loads in flight at a time:
+// position order, kUnroll entries' loads in flight at a time (kMax: max mode,
+// a separate instantiation, so that sum/mean carry no max state and fit three
+// blocks per SM, 80 registers):
 //   sum:  acc = sum_i w_i * weight[idx_i, cols]      (w_i = per_sample_weights[i] or 1)
 //   mean: acc = sum_i weight[idx_i, cols] / count     (0 when count == 0)
 //   max:  acc = weight[idx_first, cols], then replaced where weight[idx_i, cols] > acc
@@ -119,8 +121,13 @@ int64_t grid_stride_blocks(int64_t n) {
 // The team also writes offset2bag for its positions (bag 0 and the last bag
 // write -1 for the positions before / after every bag).
 
-template <typename T, typename AccT, typename IndexT, int V>
-__global__ void __launch_bounds__(kThreads)
+// The bits of a Vec<T, V>, held as 32-bit words where the size allows: a Vec of
+// 16-bit elements whose load is conditional would hold one register per element.
+template <typename T, int V>
+using RawVec = std::conditional_t<sizeof(T) * V % 4 == 0, cuda::Vec<uint32_t, sizeof(T) * V / 4>, cuda::Vec<T, V>>;
+
+template <typename T, typename AccT, typename IndexT, int V, bool kMax>
+__global__ void __launch_bounds__(kThreads, kMax ? 1 : 3)
     bag_forward_kernel(const T* __restrict__ weight, const IndexT* __restrict__ indices,
                        const IndexT* __restrict__ offsets, const T* __restrict__ psw, T* __restrict__ out,
                        int64_t* __restrict__ offset2bag, int64_t* __restrict__ bag_size,
@@ -141,12 +148,11 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t D = g.dim;
   const int64_t num_vecs = D / V;
-  const bool is_max = g.mode == kModeMax;
   for (int64_t cv = lane; cv < (num_vecs > 0 ? num_vecs : 1); cv += team) {
     const bool has_col = cv < num_vecs;
     const int64_t col = cv * V;
     AccT acc[V];
-    int64_t pos[V];
+    int64_t pos[V];  // max mode only
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       acc[k] = AccT(0);
@@ -155,40 +161,37 @@ __global__ void __launch_bounds__(kThreads)
     int64_t count = 0;
     bool bag_bad = bad;
     for (int64_t i = begin; i < end; i += kUnroll) {
-      int64_t idx[kUnroll];
+      RawVec<T, V> raw[kUnroll];
       bool use[kUnroll];
-      AccT coef[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const bool present = i + u < end;
-        idx[u] = present ? static_cast<int64_t>(indices[i + u]) : 0;
-        const bool pad = g.padding_idx >= 0 && idx[u] == g.padding_idx;
-        const bool in_range = idx[u] >= 0 && idx[u] < g.num_weights;
+        const int64_t idx = present ? static_cast<int64_t>(indices[i + u]) : 0;
+        const bool pad = g.padding_idx >= 0 && idx == g.padding_idx;
+        const bool in_range = idx >= 0 && idx < g.num_weights;
         bag_bad |= present && !pad && !in_range;
         use[u] = present && !pad && in_range;
-        coef[u] = (use[u] && psw != nullptr) ? static_cast<AccT>(psw[i + u]) : AccT(1);
-      }
-      cuda::Vec<T, V> w[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (use[u] && has_col) w[u] = cuda::load_vec<T, V>(weight + idx[u] * D + col);
+        if (use[u] && has_col) raw[u] = *reinterpret_cast<const RawVec<T, V>*>(weight + idx * D + col);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (!use[u]) continue;
         if (has_col) {
-          if (is_max) {
+          cuda::Vec<T, V> w;
+          memcpy(&w, &raw[u], sizeof(w));
+          if constexpr (kMax) {
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-              const AccT v = static_cast<AccT>(w[u].v[k]);
+              const AccT v = static_cast<AccT>(w.v[k]);
               if (count == 0 || v > acc[k]) {
                 acc[k] = v;
                 pos[k] = i + u;
               }
             }
           } else {
+            const AccT coef = psw != nullptr ? static_cast<AccT>(psw[i + u]) : AccT(1);
 #pragma unroll
-            for (int k = 0; k < V; ++k) acc[k] += coef[u] * static_cast<AccT>(w[u].v[k]);
+            for (int k = 0; k < V; ++k) acc[k] += coef * static_cast<AccT>(w.v[k]);
           }
         }
         ++count;
@@ -204,7 +207,7 @@ __global__ void __launch_bounds__(kThreads)
         o.v[k] = static_cast<T>(r);
       }
       cuda::store_vec<T, V>(out + b * D + col, o);
-      if (is_max) {
+      if constexpr (kMax) {
 #pragma unroll
         for (int k = 0; k < V; ++k) max_pos[b * D + col + k] = bag_bad ? -1 : pos[k];
       }
@@ -218,12 +221,14 @@ void launch_bag_forward(const at::Tensor& weight, const at::Tensor& indices, con
                         const at::Tensor& psw, const BagGeometry& g, const TeamChoice& c, const at::Tensor& output,
                         const at::Tensor& offset2bag, const at::Tensor& bag_size, const at::Tensor& max_positions) {
   const int64_t blocks = ceil_div<int64_t>(g.num_bags, kThreads / c.team);
-  bag_forward_kernel<T, AccT, IndexT, V><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  const bool is_max = g.mode == kModeMax;
+  auto* kernel = is_max ? bag_forward_kernel<T, AccT, IndexT, V, true> : bag_forward_kernel<T, AccT, IndexT, V, false>;
+  kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       weight.const_data_ptr<T>(), indices.const_data_ptr<IndexT>(),
       offsets.has_value() ? offsets->const_data_ptr<IndexT>() : nullptr,
       psw.defined() ? psw.const_data_ptr<T>() : nullptr, output.mutable_data_ptr<T>(),
       offset2bag.mutable_data_ptr<int64_t>(), bag_size.mutable_data_ptr<int64_t>(),
-      g.mode == kModeMax ? max_positions.mutable_data_ptr<int64_t>() : nullptr, g, c.team);
+      is_max ? max_positions.mutable_data_ptr<int64_t>() : nullptr, g, c.team);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -284,14 +289,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
 //   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
 // Steps, no atomics: (1) key_i = indices[i] for used positions, else V;
 // (2) stable radix sort of (key, i): each row's positions become one run, in
-// position order; (3) each row's run [begin, end) in the sorted order;
+// position order; (3) the end of each row's run in the sorted order;
 // (4) the sorted order is cut into chunks of kChunk positions; a run that
 // crosses a chunk boundary gets its part in each chunk summed into a head
 // (chunk's first run) or tail (chunk's last run) partial, and every kGroup
 // chunks wholly inside one run are summed again into a group partial;
-// (5) one team per row writes the row: zeros for no run, a direct ordered sum
-// for a run inside one chunk, else tail[first] + (group or head partials, in
-// chunk order) + head[last]. Every summation order is fixed by the sorted
+// (5) grad_weight is zeroed (rows with no run stay zero), then one team per
+// run writes its row: a direct ordered sum for a run inside one chunk, else
+// tail[first] + (group or head partials, in chunk order) + head[last]. Every summation order is fixed by the sorted
 // data alone, so the result is bit-identical run to run.
 
 template <typename IndexT>
@@ -308,14 +313,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// bounds[v] = (first, one past last) sorted position of row v; kAbsent if none.
+// run_end[v] = one past the last sorted position of row v, written only for
+// the rows that have a run (the only ones read).
 __global__ void __launch_bounds__(kThreads)
-    row_bounds_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, uint2* __restrict__ bounds) {
+    run_ends_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, uint32_t* __restrict__ run_end) {
   for (int64_t p = int64_t(blockIdx.x) * kThreads + threadIdx.x; p < n; p += int64_t(gridDim.x) * kThreads) {
     const uint32_t k = keys[p];
-    if (k >= num_weights) continue;
-    if (p == 0 || keys[p - 1] != k) bounds[k].x = static_cast<uint32_t>(p);
-    if (p == n - 1 || keys[p + 1] != k) bounds[k].y = static_cast<uint32_t>(p + 1);
+    if (k < num_weights && (p == n - 1 || keys[p + 1] != k)) run_end[k] = static_cast<uint32_t>(p + 1);
   }
 }
 
@@ -475,39 +479,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Step (5): one team per row writes grad_weight[v] exactly once.
+// Step (5), after grad_weight was zeroed: one team per sorted position s that
+// starts a run writes that run's row v = keys[s], exactly once.
 template <typename T, typename AccT, int V>
 __global__ void __launch_bounds__(kThreads)
-    row_grad_kernel(GradSource<T, AccT, V> src, const uint2* __restrict__ bounds, int64_t num_weights,
-                    const AccT* __restrict__ head, const AccT* __restrict__ tail, const AccT* __restrict__ group,
-                    T* __restrict__ grad_weight, int team) {
+    row_grad_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights,
+                    const uint32_t* __restrict__ run_end, const AccT* __restrict__ head,
+                    const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight,
+                    int team) {
   const int lane = threadIdx.x & (team - 1);
-  const int64_t v = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
-  if (v >= num_weights) return;
-  const uint2 bd = bounds[v];
+  const int64_t s = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  if (s >= n) return;
+  const uint32_t v = keys[s];
+  if (v >= num_weights || (s > 0 && keys[s - 1] == v)) return;
+  const int64_t e = run_end[v];
   const int64_t D = src.dim;
   for (int64_t col = int64_t(lane) * V; col < D; col += int64_t(team) * V) {
     AccT acc[V];
     zero(acc);
-    if (bd.x != kAbsent) {
-      const int64_t s = bd.x, e = bd.y;
-      const int64_t a = s / kChunk, last = (e - 1) / kChunk;
-      if (a == last) {
-        src.sum_range(acc, s, e, col);
-      } else {
-        add_partial(acc, tail + a * D + col);
-        int64_t j = a + 1;
-        while (j < last) {
-          if (j % kGroup == 0 && j + kGroup <= last) {
-            add_partial(acc, group + (j / kGroup) * D + col);
-            j += kGroup;
-          } else {
-            add_partial(acc, head + j * D + col);
-            ++j;
-          }
+    const int64_t a = s / kChunk, last = (e - 1) / kChunk;
+    if (a == last) {
+      src.sum_range(acc, s, e, col);
+    } else {
+      add_partial(acc, tail + a * D + col);
+      int64_t j = a + 1;
+      while (j < last) {
+        if (j % kGroup == 0 && j + kGroup <= last) {
+          add_partial(acc, group + (j / kGroup) * D + col);
+          j += kGroup;
+        } else {
+          add_partial(acc, head + j * D + col);
+          ++j;
         }
-        add_partial(acc, head + last * D + col);
       }
+      add_partial(acc, head + last * D + col);
     }
     cuda::Vec<T, V> o;
 #pragma unroll
@@ -517,7 +522,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, typename AccT, int V>
-void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys, const uint2* bounds,
+void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys, const uint32_t* run_end,
                               const BackwardLayout& l, char* ws, int64_t n, int64_t num_weights,
                               const TeamChoice& c, const at::Tensor& grad_weight) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -533,8 +538,10 @@ void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t*
         sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_groups, src.dim, head, group, c.team);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  row_grad_kernel<T, AccT, V><<<ceil_div<int64_t>(num_weights, teams), kThreads, 0, stream>>>(
-      src, bounds, num_weights, head, tail, group, grad_weight.mutable_data_ptr<T>(), c.team);
+  C10_CUDA_CHECK(cudaMemsetAsync(grad_weight.mutable_data_ptr(), 0, grad_weight.nbytes(), stream));
+  row_grad_kernel<T, AccT, V><<<ceil_div<int64_t>(n, teams), kThreads, 0, stream>>>(
+      src, sorted_keys, n, static_cast<uint32_t>(num_weights), run_end, head, tail, group,
+      grad_weight.mutable_data_ptr<T>(), c.team);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -571,7 +578,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   char* ws = static_cast<char*>(workspace.mutable_data_ptr());
   uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + l.keys[0]), reinterpret_cast<uint32_t*>(ws + l.keys[1])};
   uint32_t* vals[2] = {reinterpret_cast<uint32_t*>(ws + l.vals[0]), reinterpret_cast<uint32_t*>(ws + l.vals[1])};
-  auto* bounds = reinterpret_cast<uint2*>(ws + l.bounds);
+  auto* run_end = reinterpret_cast<uint32_t*>(ws + l.run_end);
 
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_keys", [&] {
     make_keys_kernel<index_t><<<grid_stride_blocks(N), kThreads, 0, stream>>>(
@@ -583,9 +590,8 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   size_t cub_bytes = l.cub_bytes;
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + l.cub, cub_bytes, sort_keys, sort_vals, N, 0, l.end_bit,
                                                  stream));
-  C10_CUDA_CHECK(cudaMemsetAsync(bounds, 0xff, num_weights * sizeof(uint2), stream));
-  row_bounds_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), N,
-                                                                   static_cast<uint32_t>(num_weights), bounds);
+  run_ends_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), N,
+                                                                 static_cast<uint32_t>(num_weights), run_end);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const auto c = choose_team(D, grad.element_size(), kThreads);
@@ -600,7 +606,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
                                                 sort_vals.Current(),
                                                 D,
                                                 mode};
-      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), bounds, l, ws, N, num_weights, c,
+      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_end, l, ws, N, num_weights, c,
                                                     grad_weight);
     };
     if (c.vec == 16 / int(sizeof(scalar_t))) {

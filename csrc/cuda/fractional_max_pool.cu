@@ -109,20 +109,24 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 
 // ---------------------------------------------------------------------------
 // Forward. Output cell q = ((plane * outT + ot) * outH + oh) * outW + ow:
-//   start_a = fmp_start<acc_t>(sample[plane][slot_a], o_a, in_a, out_a, k_a)  (PyTorch's CUDA formula)
+//   start_a = fmp_start<acc_t>(sample[plane][slot_a], o_a, in_a, out_a, k_a)  (PyTorch's CUDA formula;
+//             alpha per axis computed once on the host, the same IEEE division)
 //   y[q] = first max over the window of x[plane] in (t, h, w) order
 //          (val > best || isnan(val), from -inf),
 //   idx[q] = (t * inH + h) * inW + w of that element (window's first element if all are -inf).
 // A thread takes kCells cells q, q + S, ... (S = threads in the grid; consecutive
-// threads take consecutive ow, so loads and stores coalesce). With KT x KHW x KHW
+// threads take consecutive cells, so loads and stores coalesce). With KT x KHW x KHW
 // windows known at compile time (KHW > 0; cells beyond the runtime k masked), every
 // window element of all kCells cells is loaded before the first compare, so
 // kCells * k^d loads are in flight per thread. KHW == 0: any k, one cell per
 // thread, scanned in loops. 64-bit indices are stored as PyTorch returns them.
+// (Runs of consecutive cells per thread, which share the row's index math, measured
+// slower: each load and store instruction then spans 4x the lines.)
 
-template <typename IndexT>
+template <typename IndexT, typename acc_t>
 struct FmpForwardParams {
   IndexT in[3], out[3], k[3];
+  acc_t alpha[3];  // fmp_alpha<acc_t>(in, out, k) per axis
   int sample_slot[3];
   int dims;  // samples per plane
   IntDivider<IndexT> out_w, out_h, out_plane;
@@ -132,60 +136,42 @@ struct FmpForwardParams {
 // Plane of cell q and the (t, h, w) origin of its window.
 template <typename scalar_t, typename acc_t, typename IndexT>
 __device__ __forceinline__ IndexT fmp_window_origin(const scalar_t* __restrict__ samples,
-                                                    const FmpForwardParams<IndexT>& p, IndexT q, IndexT (&start)[3]) {
+                                                    const FmpForwardParams<IndexT, acc_t>& p, IndexT q,
+                                                    IndexT& origin) {
   const auto pq = p.out_plane.divmod(q);
   const auto wq = p.out_w.divmod(pq.mod);
   const auto hq = p.out_h.divmod(wq.div);
   const IndexT o[3] = {hq.div, hq.mod, wq.mod};
+  IndexT start[3];
 #pragma unroll
   for (int a = 0; a < 3; ++a) {
     const int slot = p.sample_slot[a];
     const acc_t u = slot < 0 ? acc_t(0) : static_cast<acc_t>(samples[int64_t(pq.div) * p.dims + slot]);
-    start[a] = static_cast<IndexT>(fmp_start<acc_t>(u, int64_t(o[a]), p.in[a], p.out[a], p.k[a]));
+    start[a] = static_cast<IndexT>(fmp_start_from<acc_t>(u, p.alpha[a], fmp_trunc<acc_t>(u * p.alpha[a]),
+                                                         int64_t(o[a]), p.in[a], p.out[a], p.k[a]));
   }
+  origin = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
   return pq.div;
 }
 
 template <typename scalar_t, typename acc_t, typename IndexT, int KT, int KHW>
 __global__ void __launch_bounds__(kThreads)
     fmp_forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ samples,
-                       scalar_t* __restrict__ y, int64_t* __restrict__ idx, FmpForwardParams<IndexT> p,
+                       scalar_t* __restrict__ y, int64_t* __restrict__ idx, FmpForwardParams<IndexT, acc_t> p,
                        IndexT total) {
   constexpr int kWindow = KT * KHW * KHW;
   constexpr int kCells = fmp_cells_per_thread(kWindow);
   const IndexT S = IndexT(gridDim.x) * kThreads;
   for (IndexT q0 = IndexT(blockIdx.x) * kThreads + threadIdx.x; q0 < total; q0 += S * kCells) {
-    if constexpr (KHW == 0) {
-      IndexT start[3];
-      const IndexT plane = fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q0, start);
-      const scalar_t* xp = x + int64_t(plane) * p.in_plane;
-      acc_t best = -INFINITY;
-      IndexT best_index = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
-      for (IndexT t = start[0]; t < start[0] + p.k[0]; ++t) {
-        for (IndexT h = start[1]; h < start[1] + p.k[1]; ++h) {
-          const IndexT row = (t * p.in[1] + h) * p.in[2];
-          for (IndexT w = start[2]; w < start[2] + p.k[2]; ++w) {
-            const acc_t v = static_cast<acc_t>(xp[row + w]);
-            if (v > best || v != v) {
-              best = v;
-              best_index = row + w;
-            }
-          }
-        }
-      }
-      y[q0] = static_cast<scalar_t>(best);
-      idx[q0] = static_cast<int64_t>(best_index);
-    } else {
-      IndexT origin[kCells];
-      scalar_t vals[kCells][kWindow];
+    IndexT origin[kCells];
+    scalar_t vals[kCells][kWindow > 0 ? kWindow : 1];
+    const scalar_t* xp[kCells];
 #pragma unroll
-      for (int c = 0; c < kCells; ++c) {
-        const IndexT q = q0 + IndexT(c) * S;
-        if (q >= total) continue;
-        IndexT start[3];
-        const IndexT plane = fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, start);
-        origin[c] = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
-        const scalar_t* xp = x + int64_t(plane) * p.in_plane + origin[c];
+    for (int c = 0; c < kCells; ++c) {
+      const IndexT q = q0 + IndexT(c) * S;
+      if (q >= total) continue;
+      xp[c] = x + int64_t(fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, origin[c])) * p.in_plane;
+      if constexpr (KHW > 0) {
 #pragma unroll
         for (int dt = 0; dt < KT; ++dt) {
 #pragma unroll
@@ -193,18 +179,20 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int dw = 0; dw < KHW; ++dw) {
               if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
-                vals[c][(dt * KHW + dh) * KHW + dw] = xp[(IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
+                vals[c][(dt * KHW + dh) * KHW + dw] = xp[c][origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
               }
             }
           }
         }
       }
+    }
 #pragma unroll
-      for (int c = 0; c < kCells; ++c) {
-        const IndexT q = q0 + IndexT(c) * S;
-        if (q >= total) continue;
-        acc_t best = -INFINITY;
-        IndexT best_index = origin[c];
+    for (int c = 0; c < kCells; ++c) {
+      const IndexT q = q0 + IndexT(c) * S;
+      if (q >= total) continue;
+      acc_t best = -INFINITY;
+      IndexT best_index = origin[c];
+      if constexpr (KHW > 0) {
 #pragma unroll
         for (int dt = 0; dt < KT; ++dt) {
 #pragma unroll
@@ -221,9 +209,22 @@ __global__ void __launch_bounds__(kThreads)
             }
           }
         }
-        y[q] = static_cast<scalar_t>(best);
-        idx[q] = static_cast<int64_t>(best_index);
+      } else {
+        for (IndexT dt = 0; dt < p.k[0]; ++dt) {
+          for (IndexT dh = 0; dh < p.k[1]; ++dh) {
+            const IndexT row = origin[c] + (dt * p.in[1] + dh) * p.in[2];
+            for (IndexT dw = 0; dw < p.k[2]; ++dw) {
+              const acc_t v = static_cast<acc_t>(xp[c][row + dw]);
+              if (v > best || v != v) {
+                best = v;
+                best_index = row + dw;
+              }
+            }
+          }
+        }
       }
+      y[q] = static_cast<scalar_t>(best);
+      idx[q] = static_cast<int64_t>(best_index);
     }
   }
 }
@@ -232,11 +233,12 @@ template <typename scalar_t, typename IndexT, int KT, int KHW>
 void launch_fmp_forward(const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
                         const at::Tensor& output, const at::Tensor& indices) {
   using acc_t = at::opmath_type<scalar_t>;
-  FmpForwardParams<IndexT> p;
+  FmpForwardParams<IndexT, acc_t> p;
   for (int a = 0; a < 3; ++a) {
     p.in[a] = static_cast<IndexT>(g.in[a]);
     p.out[a] = static_cast<IndexT>(g.out[a]);
     p.k[a] = static_cast<IndexT>(g.k[a]);
+    p.alpha[a] = fmp_alpha<acc_t>(g.in[a], g.out[a], g.k[a]);
     p.sample_slot[a] = g.sample_slot[a];
   }
   p.dims = g.dims;

@@ -184,9 +184,6 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col
   }
 }
 
-// Starts moving the (at most 128-byte, line-aligned) vector at p into L1; no register waits on it.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 template <typename T, int V>
 __device__ __forceinline__ void zero_vec(cuda::Vec<T, V>& v) {
 #pragma unroll
@@ -277,11 +274,6 @@ __global__ void __launch_bounds__(kMaxThreads)
       } else {
         zero_vec(xv[j]);
       }
-    }
-#pragma unroll
-    for (int j = 0; j < kVpt; ++j) {  // w's latency hides behind x's and the reduction
-      const int q = j * L.row_threads + L.u;
-      if (live && q < nv && w != nullptr) prefetch_l1(w + int64_t(q) * V);
     }
     AccT ss = 0;
 #pragma unroll
@@ -542,7 +534,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 
 template <typename... KernelArgs, typename... Args>
 void launch(void (*kernel)(KernelArgs...), int64_t ctas, int block, int cluster, int64_t smem, Args... args) {
-  if (smem > 48 * 1024) {
+  if (smem > 32 * 1024) {  // near the 48 KB default, which static shared memory also counts against
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   cudaLaunchConfig_t config = {};

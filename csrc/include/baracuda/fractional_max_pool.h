@@ -55,12 +55,26 @@ C10_HOST_DEVICE inline int64_t fmp_trunc(T x) {
 // The result is clamped to [0, in - k]; it only moves where PyTorch itself
 // would read outside the input (a sample outside [0, 1), or half-precision
 // rounding on huge axes), so the kernels never read out of bounds.
+// Split so that a kernel can hoist what depends on the axis and plane only:
+// alpha = fmp_alpha(in, out, k) and base = fmp_trunc<T>(sample * alpha).
+template <typename T>
+C10_HOST_DEVICE inline T fmp_alpha(int64_t in, int64_t out, int64_t k) {
+  return out > 1 ? static_cast<T>(in - k) / static_cast<T>(out - 1) : static_cast<T>(0);
+}
+
+template <typename T>
+C10_HOST_DEVICE inline int64_t fmp_start_from(T sample, T alpha, int64_t base, int64_t i, int64_t in, int64_t out,
+                                              int64_t k) {
+  if (i == out - 1) return in - k;
+  const int64_t s = fmp_trunc<T>((i + sample) * alpha) - base;
+  return s < 0 ? 0 : (s > in - k ? in - k : s);
+}
+
 template <typename T>
 C10_HOST_DEVICE inline int64_t fmp_start(T sample, int64_t i, int64_t in, int64_t out, int64_t k) {
   if (i == out - 1) return in - k;
-  const T alpha = static_cast<T>(in - k) / static_cast<T>(out - 1);
-  const int64_t s = fmp_trunc<T>((i + sample) * alpha) - fmp_trunc<T>(sample * alpha);
-  return s < 0 ? 0 : (s > in - k ? in - k : s);
+  const T alpha = fmp_alpha<T>(in, out, k);
+  return fmp_start_from<T>(sample, alpha, fmp_trunc<T>(sample * alpha), i, in, out, k);
 }
 
 // The problem as 3-d pooling over planes.

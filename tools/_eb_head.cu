@@ -1,0 +1,754 @@
+// embedding_bag family, CUDA kernels.
+//
+// Bad index values on CUDA never raise (that would need a host sync) and never
+// touch memory out of bounds: a bag that holds an out-of-range index (other
+// than padding_idx), or whose offsets break the rules (offsets[0] == 0,
+// non-decreasing, <= N), is computed from its valid part only, then its whole
+// output row is set to NaN and its bag_size to -1. The backward and the
+// per_sample_weights backward skip out-of-range entries.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "baracuda/checks.h"
+#include "baracuda/cuda_utils.cuh"
+#include "baracuda/dispatch.h"
+#include "baracuda/embedding_bag.h"
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+using cuda::ceil_div;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 8;          // forward: bag entries whose loads are in flight together
+constexpr int kSumUnroll = 4;       // backward: sorted positions whose loads are in flight together
+constexpr int64_t kChunk = 128;     // backward: sorted positions per chunk
+constexpr int64_t kGroup = 32;      // backward: chunks per group partial
+constexpr uint32_t kAbsent = 0xffffffffu;
+
+// ---------------------------------------------------------------------------
+// Choice of kernel: a pure function of the problem, used by the launchers and
+// by the Plan API (through the variant registry).
+
+struct TeamChoice {
+  int vec;   // elements per thread access: 16 bytes' worth when D allows it, else 1
+  int team;  // threads per bag / row / position (power of two); each owns D / (vec * team) vectors
+};
+
+TeamChoice choose_team(int64_t dim, int64_t elem_bytes, int max_team) {
+  const int full = static_cast<int>(16 / elem_bytes);
+  const int vec = dim % full == 0 ? full : 1;
+  const int64_t vectors = std::max<int64_t>(1, dim / vec);
+  int team = 1;
+  while (team < vectors && team < max_team) team *= 2;
+  return {vec, team};
+}
+
+std::string team_name(const TeamChoice& c, int64_t elem_bytes) {
+  return "team" + std::to_string(c.team) + "," + std::to_string(c.vec * elem_bytes) + "B";
+}
+
+int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
+
+int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
+
+// Backward scratch, byte offsets into the workspace (each 256-aligned):
+// sort keys and positions (double-buffered), CUB's temporary storage, the
+// [begin, end) of each row in the sorted order, and the chunk/group partials.
+struct BackwardLayout {
+  int end_bit = 0;
+  size_t cub_bytes = 0;
+  int64_t num_chunks = 0, num_groups = 0;
+  int64_t keys[2], vals[2], cub, bounds, head, tail, group, total;
+};
+
+BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t dim, int64_t acc_bytes) {
+  TORCH_CHECK_NOT_IMPLEMENTED(num_weights < int64_t(kAbsent) && num_indices < int64_t(kAbsent),
+                              kEmbeddingBagBackwardOp, ": the CUDA kernel needs num_weights and the number of "
+                              "indices below 2^32 - 1, got ", num_weights, " and ", num_indices);
+  BackwardLayout l;
+  while ((uint64_t(1) << l.end_bit) <= uint64_t(num_weights)) ++l.end_bit;  // keys lie in [0, num_weights]
+  cub::DoubleBuffer<uint32_t> k(nullptr, nullptr), v(nullptr, nullptr);
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, l.cub_bytes, k, v, static_cast<int64_t>(num_indices), 0,
+                                                 l.end_bit));
+  l.num_chunks = ceil_div<int64_t>(num_indices, kChunk);
+  l.num_groups = l.num_chunks / kGroup;  // full groups only
+  const int64_t n4 = align256(num_indices * 4);
+  int64_t at = 0;
+  for (int b = 0; b < 2; ++b) { l.keys[b] = at; at += n4; }
+  for (int b = 0; b < 2; ++b) { l.vals[b] = at; at += n4; }
+  l.cub = at;
+  at += align256(static_cast<int64_t>(l.cub_bytes));
+  l.bounds = at;
+  at += align256(num_weights * 8);
+  l.head = at;
+  at += align256(l.num_chunks * dim * acc_bytes);
+  l.tail = at;
+  at += align256(l.num_chunks * dim * acc_bytes);
+  l.group = at;
+  at += align256(l.num_groups * dim * acc_bytes);
+  l.total = at;
+  return l;
+}
+
+int64_t grid_stride_blocks(int64_t n) {
+  return std::max<int64_t>(1, std::min<int64_t>(ceil_div<int64_t>(n, kThreads), int64_t(cuda::num_sms()) * 8));
+}
+
+// ---------------------------------------------------------------------------
+// Forward. One team of `team` threads per bag; each thread owns `V` adjacent
+// columns (one 16-byte vector when D allows) and walks the bag's entries in
+// position order, kUnroll entries' loads in flight at a time:
+//   sum:  acc = sum_i w_i * weight[idx_i, cols]      (w_i = per_sample_weights[i] or 1)
+//   mean: acc = sum_i weight[idx_i, cols] / count     (0 when count == 0)
+//   max:  acc = weight[idx_first, cols], then replaced where weight[idx_i, cols] > acc
+// over the bag's entries with idx_i != padding_idx, accumulated in AccT. An
+// out-of-range idx_i contributes nothing and flags the bag: NaN row, bag_size -1.
+// The team also writes offset2bag for its positions (bag 0 and the last bag
+// write -1 for the positions before / after every bag).
+
+template <typename T, typename AccT, typename IndexT, int V>
+__global__ void __launch_bounds__(kThreads)
+    bag_forward_kernel(const T* __restrict__ weight, const IndexT* __restrict__ indices,
+                       const IndexT* __restrict__ offsets, const T* __restrict__ psw, T* __restrict__ out,
+                       int64_t* __restrict__ offset2bag, int64_t* __restrict__ bag_size,
+                       int64_t* __restrict__ max_pos, BagGeometry g, int team) {
+  const int lane = threadIdx.x & (team - 1);
+  const int64_t b = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  if (b >= g.num_bags) return;
+  int64_t begin, end;
+  bool bad;
+  bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
+  for (int64_t i = begin + lane; i < end; i += team) offset2bag[i] = b;
+  if (b == 0) {
+    for (int64_t i = lane; i < begin; i += team) offset2bag[i] = -1;
+  }
+  if (b == g.num_bags - 1) {
+    for (int64_t i = end + lane; i < g.num_indices; i += team) offset2bag[i] = -1;
+  }
+
+  const int64_t D = g.dim;
+  const int64_t num_vecs = D / V;
+  const bool is_max = g.mode == kModeMax;
+  for (int64_t cv = lane; cv < (num_vecs > 0 ? num_vecs : 1); cv += team) {
+    const bool has_col = cv < num_vecs;
+    const int64_t col = cv * V;
+    AccT acc[V];
+    int64_t pos[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      acc[k] = AccT(0);
+      pos[k] = -1;
+    }
+    int64_t count = 0;
+    bool bag_bad = bad;
+    for (int64_t i = begin; i < end; i += kUnroll) {
+      int64_t idx[kUnroll];
+      bool use[kUnroll];
+      AccT coef[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool present = i + u < end;
+        idx[u] = present ? static_cast<int64_t>(indices[i + u]) : 0;
+        const bool pad = g.padding_idx >= 0 && idx[u] == g.padding_idx;
+        const bool in_range = idx[u] >= 0 && idx[u] < g.num_weights;
+        bag_bad |= present && !pad && !in_range;
+        use[u] = present && !pad && in_range;
+        coef[u] = (use[u] && psw != nullptr) ? static_cast<AccT>(psw[i + u]) : AccT(1);
+      }
+      cuda::Vec<T, V> w[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (use[u] && has_col) w[u] = cuda::load_vec<T, V>(weight + idx[u] * D + col);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (!use[u]) continue;
+        if (has_col) {
+          if (is_max) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const AccT v = static_cast<AccT>(w[u].v[k]);
+              if (count == 0 || v > acc[k]) {
+                acc[k] = v;
+                pos[k] = i + u;
+              }
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc[k] += coef[u] * static_cast<AccT>(w[u].v[k]);
+          }
+        }
+        ++count;
+      }
+    }
+    if (has_col) {
+      cuda::Vec<T, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        AccT r = acc[k];
+        if (g.mode == kModeMean) r = count > 0 ? r / static_cast<AccT>(count) : AccT(0);
+        if (bag_bad) r = static_cast<AccT>(NAN);
+        o.v[k] = static_cast<T>(r);
+      }
+      cuda::store_vec<T, V>(out + b * D + col, o);
+      if (is_max) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) max_pos[b * D + col + k] = bag_bad ? -1 : pos[k];
+      }
+    }
+    if (cv == 0) bag_size[b] = bag_bad ? -1 : count;
+  }
+}
+
+template <typename T, typename AccT, typename IndexT, int V>
+void launch_bag_forward(const at::Tensor& weight, const at::Tensor& indices, const c10::optional<at::Tensor>& offsets,
+                        const at::Tensor& psw, const BagGeometry& g, const TeamChoice& c, const at::Tensor& output,
+                        const at::Tensor& offset2bag, const at::Tensor& bag_size, const at::Tensor& max_positions) {
+  const int64_t blocks = ceil_div<int64_t>(g.num_bags, kThreads / c.team);
+  bag_forward_kernel<T, AccT, IndexT, V><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      weight.const_data_ptr<T>(), indices.const_data_ptr<IndexT>(),
+      offsets.has_value() ? offsets->const_data_ptr<IndexT>() : nullptr,
+      psw.defined() ? psw.const_data_ptr<T>() : nullptr, output.mutable_data_ptr<T>(),
+      offset2bag.mutable_data_ptr<int64_t>(), bag_size.mutable_data_ptr<int64_t>(),
+      g.mode == kModeMax ? max_positions.mutable_data_ptr<int64_t>() : nullptr, g, c.team);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_in,
+                            const c10::optional<at::Tensor>& offsets_in, int64_t mode,
+                            const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                            int64_t padding_idx, const at::Tensor& output, const at::Tensor& offset2bag,
+                            const at::Tensor& bag_size, const at::Tensor& max_positions) {
+  const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
+                                     padding_idx);
+  check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
+  cuda::check_out_aligned(kEmbeddingBagOp, "output", output);
+  const c10::cuda::CUDAGuard guard(weight.device());
+  if (g.num_bags == 0) {
+    if (offset2bag.numel() > 0) offset2bag.fill_(-1);
+    return;
+  }
+  at::Tensor indices = indices_in.contiguous();
+  c10::optional<at::Tensor> offsets = offsets_in;
+  promote_indices_and_offsets(indices, offsets);
+  if (offsets.has_value()) offsets = offsets->contiguous();
+  const auto w = cuda::aligned_contiguous(weight);
+  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
+  const auto c = choose_team(g.dim, weight.element_size(), kThreads);
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_cuda", [&] {
+    BARACUDA_DISPATCH_FLOATING(weight.scalar_type(), "embedding_bag_cuda", [&] {
+      constexpr int kV = 16 / sizeof(scalar_t);
+      if (c.vec == kV) {
+        launch_bag_forward<scalar_t, acc_t, index_t, kV>(w, indices, offsets, psw, g, c, output, offset2bag,
+                                                         bag_size, max_positions);
+      } else {
+        launch_bag_forward<scalar_t, acc_t, index_t, 1>(w, indices, offsets, psw, g, c, output, offset2bag,
+                                                        bag_size, max_positions);
+      }
+    });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
+    const at::Tensor& weight, const at::Tensor& indices, const c10::optional<at::Tensor>& offsets, int64_t mode,
+    const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset, int64_t padding_idx) {
+  const auto g = check_embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                                     padding_idx);
+  auto output = at::empty({g.num_bags, g.dim}, weight.options());
+  auto offset2bag = at::empty({g.num_indices}, weight.options().dtype(at::kLong));
+  auto bag_size = at::empty({g.num_bags}, weight.options().dtype(at::kLong));
+  auto max_positions = at::empty(max_positions_shape(g), weight.options().dtype(at::kLong));
+  embedding_bag_out_cuda(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, output,
+                         offset2bag, bag_size, max_positions);
+  return {output, offset2bag, bag_size, max_positions};
+}
+
+// ---------------------------------------------------------------------------
+// Backward: grad_weight[v] = sum over the positions i with indices[i] == v (in
+// range, not padding, in a bag), in increasing i, of
+//   sum:  w_i * grad[bag_i]               (w_i = per_sample_weights[i] or 1)
+//   mean: grad[bag_i] / bag_size[bag_i]
+//   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
+// Steps, no atomics: (1) key_i = indices[i] for used positions, else V;
+// (2) stable radix sort of (key, i): each row's positions become one run, in
+// position order; (3) each row's run [begin, end) in the sorted order;
+// (4) the sorted order is cut into chunks of kChunk positions; a run that
+// crosses a chunk boundary gets its part in each chunk summed into a head
+// (chunk's first run) or tail (chunk's last run) partial, and every kGroup
+// chunks wholly inside one run are summed again into a group partial;
+// (5) one team per row writes the row: zeros for no run, a direct ordered sum
+// for a run inside one chunk, else tail[first] + (group or head partials, in
+// chunk order) + head[last]. Every summation order is fixed by the sorted
+// data alone, so the result is bit-identical run to run.
+
+template <typename IndexT>
+__global__ void __launch_bounds__(kThreads)
+    make_keys_kernel(const IndexT* __restrict__ indices, const int64_t* __restrict__ offset2bag, int64_t n,
+                     int64_t num_weights, int64_t num_bags, int64_t padding_idx, uint32_t* __restrict__ keys,
+                     uint32_t* __restrict__ vals) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t idx = static_cast<int64_t>(indices[i]);
+    const int64_t bag = offset2bag[i];
+    const bool used = idx >= 0 && idx < num_weights && idx != padding_idx && bag >= 0 && bag < num_bags;
+    keys[i] = static_cast<uint32_t>(used ? idx : num_weights);
+    vals[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// bounds[v] = (first, one past last) sorted position of row v; kAbsent if none.
+__global__ void __launch_bounds__(kThreads)
+    row_bounds_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, uint2* __restrict__ bounds) {
+  for (int64_t p = int64_t(blockIdx.x) * kThreads + threadIdx.x; p < n; p += int64_t(gridDim.x) * kThreads) {
+    const uint32_t k = keys[p];
+    if (k >= num_weights) continue;
+    if (p == 0 || keys[p - 1] != k) bounds[k].x = static_cast<uint32_t>(p);
+    if (p == n - 1 || keys[p + 1] != k) bounds[k].y = static_cast<uint32_t>(p + 1);
+  }
+}
+
+// What one sorted position adds to its row, for V adjacent columns.
+template <typename T, typename AccT, int V>
+struct GradSource {
+  const T* grad;
+  const int64_t* offset2bag;
+  const int64_t* bag_size;
+  const T* psw;
+  const int64_t* max_pos;
+  const uint32_t* sorted_pos;
+  int64_t dim;
+  int64_t mode;
+
+  __device__ __forceinline__ void add(AccT (&acc)[V], const cuda::Vec<T, V>& g, uint32_t i, int64_t bag,
+                                      int64_t col) const {
+    if (mode == kModeMax) {
+      const int64_t* mp = max_pos + bag * dim + col;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        if (mp[k] == static_cast<int64_t>(i)) acc[k] += static_cast<AccT>(g.v[k]);
+      }
+    } else if (mode == kModeMean) {
+      const int64_t n = bag_size[bag];
+      if (n > 0) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += static_cast<AccT>(g.v[k]) / static_cast<AccT>(n);
+      }
+    } else {
+      const AccT coef = psw != nullptr ? static_cast<AccT>(psw[i]) : AccT(1);
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += coef * static_cast<AccT>(g.v[k]);
+    }
+  }
+
+  // acc += contributions of sorted positions [s, e), in order.
+  __device__ __forceinline__ void sum_range(AccT (&acc)[V], int64_t s, int64_t e, int64_t col) const {
+    for (int64_t p = s; p < e; p += kSumUnroll) {
+      uint32_t i[kSumUnroll];
+      int64_t bag[kSumUnroll];
+      cuda::Vec<T, V> g[kSumUnroll];
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u) {
+        if (p + u < e) i[u] = sorted_pos[p + u];
+      }
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u) {
+        if (p + u < e) bag[u] = offset2bag[i[u]];
+      }
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u) {
+        if (p + u < e) g[u] = cuda::load_vec<T, V>(grad + bag[u] * dim + col);
+      }
+#pragma unroll
+      for (int u = 0; u < kSumUnroll; ++u) {
+        if (p + u < e) add(acc, g[u], i[u], bag[u], col);
+      }
+    }
+  }
+};
+
+template <typename AccT, int V>
+__device__ __forceinline__ void zero(AccT (&acc)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = AccT(0);
+}
+
+template <typename AccT, int V>
+__device__ __forceinline__ void add_partial(AccT (&acc)[V], const AccT* p) {
+  const auto v = cuda::load_vec<AccT, V>(p);
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] += v.v[k];
+}
+
+template <typename AccT, int V>
+__device__ __forceinline__ void store_partial(AccT* p, const AccT (&acc)[V]) {
+  cuda::Vec<AccT, V> v;
+#pragma unroll
+  for (int k = 0; k < V; ++k) v.v[k] = acc[k];
+  cuda::store_vec<AccT, V>(p, v);
+}
+
+// First position in [lo, hi) of sorted keys whose key is > key (upper) or >= key (lower).
+template <bool Upper>
+__device__ __forceinline__ int64_t search_sorted(const uint32_t* keys, int64_t lo, int64_t hi, uint32_t key) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (Upper ? keys[mid] <= key : keys[mid] < key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Step (4a): head/tail partials of the runs that cross chunk boundaries. A
+// chunk holding a single run stores its sum as both head and tail.
+template <typename T, typename AccT, int V>
+__global__ void __launch_bounds__(kThreads)
+    chunk_partials_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n,
+                          uint32_t num_weights, int64_t num_chunks, AccT* __restrict__ head,
+                          AccT* __restrict__ tail, int team) {
+  const int lane = threadIdx.x & (team - 1);
+  const int64_t j = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  if (j >= num_chunks) return;
+  const int64_t cs = j * kChunk, ce = std::min<int64_t>(n, cs + kChunk);
+  const uint32_t k0 = keys[cs], k1 = keys[ce - 1];
+  const bool need_head = j > 0 && k0 < num_weights && keys[cs - 1] == k0;
+  const bool need_tail = ce < n && k1 < num_weights && keys[ce] == k1;
+  if (!need_head && !need_tail) return;
+  const bool single = k0 == k1;
+  const int64_t head_end = single ? ce : search_sorted<true>(keys, cs, ce, k0);
+  const int64_t tail_begin = single ? cs : search_sorted<false>(keys, cs, ce, k1);
+  const int64_t D = src.dim;
+  for (int64_t col = int64_t(lane) * V; col < D; col += int64_t(team) * V) {
+    AccT acc[V];
+    if (single) {
+      zero(acc);
+      src.sum_range(acc, cs, ce, col);
+      store_partial(head + j * D + col, acc);
+      store_partial(tail + j * D + col, acc);
+      continue;
+    }
+    if (need_head) {
+      zero(acc);
+      src.sum_range(acc, cs, head_end, col);
+      store_partial(head + j * D + col, acc);
+    }
+    if (need_tail) {
+      zero(acc);
+      src.sum_range(acc, tail_begin, ce, col);
+      store_partial(tail + j * D + col, acc);
+    }
+  }
+}
+
+// Step (4b): group[g] = sum of head[j] over the kGroup chunks of group g, in
+// order, for groups that lie wholly inside one run.
+template <typename AccT, int V>
+__global__ void __launch_bounds__(kThreads)
+    group_partials_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, int64_t num_groups,
+                          int64_t dim, const AccT* __restrict__ head, AccT* __restrict__ group, int team) {
+  const int lane = threadIdx.x & (team - 1);
+  const int64_t gi = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  if (gi >= num_groups) return;
+  const int64_t j0 = gi * kGroup;
+  const int64_t ps = j0 * kChunk, pe = std::min<int64_t>(n, (j0 + kGroup) * kChunk);
+  const uint32_t k = keys[ps];
+  if (k >= num_weights || keys[pe - 1] != k) return;
+  for (int64_t col = int64_t(lane) * V; col < dim; col += int64_t(team) * V) {
+    AccT acc[V];
+    zero(acc);
+    for (int64_t j = j0; j < j0 + kGroup; ++j) add_partial(acc, head + j * dim + col);
+    store_partial(group + gi * dim + col, acc);
+  }
+}
+
+// Step (5): one team per row writes grad_weight[v] exactly once.
+template <typename T, typename AccT, int V>
+__global__ void __launch_bounds__(kThreads)
+    row_grad_kernel(GradSource<T, AccT, V> src, const uint2* __restrict__ bounds, int64_t num_weights,
+                    const AccT* __restrict__ head, const AccT* __restrict__ tail, const AccT* __restrict__ group,
+                    T* __restrict__ grad_weight, int team) {
+  const int lane = threadIdx.x & (team - 1);
+  const int64_t v = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  if (v >= num_weights) return;
+  const uint2 bd = bounds[v];
+  const int64_t D = src.dim;
+  for (int64_t col = int64_t(lane) * V; col < D; col += int64_t(team) * V) {
+    AccT acc[V];
+    zero(acc);
+    if (bd.x != kAbsent) {
+      const int64_t s = bd.x, e = bd.y;
+      const int64_t a = s / kChunk, last = (e - 1) / kChunk;
+      if (a == last) {
+        src.sum_range(acc, s, e, col);
+      } else {
+        add_partial(acc, tail + a * D + col);
+        int64_t j = a + 1;
+        while (j < last) {
+          if (j % kGroup == 0 && j + kGroup <= last) {
+            add_partial(acc, group + (j / kGroup) * D + col);
+            j += kGroup;
+          } else {
+            add_partial(acc, head + j * D + col);
+            ++j;
+          }
+        }
+        add_partial(acc, head + last * D + col);
+      }
+    }
+    cuda::Vec<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = static_cast<T>(acc[k]);
+    cuda::store_vec<T, V>(grad_weight + v * D + col, o);
+  }
+}
+
+template <typename T, typename AccT, int V>
+void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys, const uint2* bounds,
+                              const BackwardLayout& l, char* ws, int64_t n, int64_t num_weights,
+                              const TeamChoice& c, const at::Tensor& grad_weight) {
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  auto* head = reinterpret_cast<AccT*>(ws + l.head);
+  auto* tail = reinterpret_cast<AccT*>(ws + l.tail);
+  auto* group = reinterpret_cast<AccT*>(ws + l.group);
+  const int teams = kThreads / c.team;
+  chunk_partials_kernel<T, AccT, V><<<ceil_div<int64_t>(l.num_chunks, teams), kThreads, 0, stream>>>(
+      src, sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_chunks, head, tail, c.team);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (l.num_groups > 0) {
+    group_partials_kernel<AccT, V><<<ceil_div<int64_t>(l.num_groups, teams), kThreads, 0, stream>>>(
+        sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_groups, src.dim, head, group, c.team);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  row_grad_kernel<T, AccT, V><<<ceil_div<int64_t>(num_weights, teams), kThreads, 0, stream>>>(
+      src, bounds, num_weights, head, tail, group, grad_weight.mutable_data_ptr<T>(), c.team);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+bool backward_is_trivial(int64_t num_weights, int64_t dim, int64_t num_indices, int64_t num_bags) {
+  return num_weights == 0 || dim == 0 || num_indices == 0 || num_bags == 0;
+}
+
+void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor& indices_in,
+                                     const at::Tensor& offset2bag_in, const at::Tensor& bag_size_in,
+                                     const at::Tensor& max_positions_in, int64_t num_weights, int64_t mode,
+                                     const c10::optional<at::Tensor>& per_sample_weights, int64_t padding_idx,
+                                     const at::Tensor& grad_weight, const at::Tensor& workspace) {
+  const char* op = kEmbeddingBagBackwardOp;
+  check_embedding_bag_backward(grad_in, indices_in, offset2bag_in, bag_size_in, max_positions_in, num_weights, mode,
+                               per_sample_weights, padding_idx);
+  const int64_t B = grad_in.size(0), D = grad_in.size(1), N = indices_in.numel();
+  check_out(op, "grad_weight", grad_weight, {num_weights, D}, grad_in.scalar_type(), grad_in.device());
+  cuda::check_out_aligned(op, "grad_weight", grad_weight);
+  if (grad_weight.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(grad_in.device());
+  if (backward_is_trivial(num_weights, D, N, B)) {
+    grad_weight.zero_();
+    return;
+  }
+  const auto l = backward_layout(num_weights, N, D, acc_bytes_of(grad_in.scalar_type()));
+  check_workspace(op, workspace, l.total, 256, grad_in.device());
+  const auto indices = indices_in.contiguous();
+  const auto offset2bag = offset2bag_in.contiguous();
+  const auto bag_size = bag_size_in.contiguous();
+  const auto max_positions = max_positions_in.contiguous();
+  const auto grad = cuda::aligned_contiguous(grad_in);
+  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  char* ws = static_cast<char*>(workspace.mutable_data_ptr());
+  uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + l.keys[0]), reinterpret_cast<uint32_t*>(ws + l.keys[1])};
+  uint32_t* vals[2] = {reinterpret_cast<uint32_t*>(ws + l.vals[0]), reinterpret_cast<uint32_t*>(ws + l.vals[1])};
+  auto* bounds = reinterpret_cast<uint2*>(ws + l.bounds);
+
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_keys", [&] {
+    make_keys_kernel<index_t><<<grid_stride_blocks(N), kThreads, 0, stream>>>(
+        indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(), N, num_weights, B, padding_idx,
+        keys[0], vals[0]);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  cub::DoubleBuffer<uint32_t> sort_keys(keys[0], keys[1]), sort_vals(vals[0], vals[1]);
+  size_t cub_bytes = l.cub_bytes;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + l.cub, cub_bytes, sort_keys, sort_vals, N, 0, l.end_bit,
+                                                 stream));
+  C10_CUDA_CHECK(cudaMemsetAsync(bounds, 0xff, num_weights * sizeof(uint2), stream));
+  row_bounds_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), N,
+                                                                   static_cast<uint32_t>(num_weights), bounds);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const auto c = choose_team(D, grad.element_size(), kThreads);
+  BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_cuda", [&] {
+    auto run = [&](auto vec_tag) {
+      constexpr int kV = decltype(vec_tag)::value;
+      const GradSource<scalar_t, acc_t, kV> src{grad.const_data_ptr<scalar_t>(),
+                                                offset2bag.const_data_ptr<int64_t>(),
+                                                bag_size.const_data_ptr<int64_t>(),
+                                                psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr,
+                                                mode == kModeMax ? max_positions.const_data_ptr<int64_t>() : nullptr,
+                                                sort_vals.Current(),
+                                                D,
+                                                mode};
+      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), bounds, l, ws, N, num_weights, c,
+                                                    grad_weight);
+    };
+    if (c.vec == 16 / int(sizeof(scalar_t))) {
+      run(std::integral_constant<int, 16 / sizeof(scalar_t)>{});
+    } else {
+      run(std::integral_constant<int, 1>{});
+    }
+  });
+}
+
+int64_t backward_workspace_bytes(int64_t num_weights, int64_t dim, int64_t num_indices, int64_t num_bags,
+                                 c10::ScalarType dtype) {
+  return backward_is_trivial(num_weights, dim, num_indices, num_bags)
+             ? 0
+             : backward_layout(num_weights, num_indices, dim, acc_bytes_of(dtype)).total;
+}
+
+at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
+                                       const at::Tensor& bag_size, const at::Tensor& max_positions,
+                                       int64_t num_weights, int64_t mode,
+                                       const c10::optional<at::Tensor>& per_sample_weights, int64_t padding_idx) {
+  check_embedding_bag_backward(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
+                               per_sample_weights, padding_idx);
+  auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
+  int64_t need = 0;
+  {
+    const c10::cuda::CUDAGuard guard(grad.device());
+    need = backward_workspace_bytes(num_weights, grad.size(1), indices.numel(), grad.size(0), grad.scalar_type());
+  }
+  const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
+  embedding_bag_backward_out_cuda(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
+                                  per_sample_weights, padding_idx, grad_weight, workspace);
+  return grad_weight;
+}
+
+// ---------------------------------------------------------------------------
+// d per_sample_weights[i] = <grad[bag_i], weight[indices[i]]>, 0 for padding,
+// positions in no bag and out-of-range indices. One team (<= 32 threads, in one
+// warp) per position: each thread sums its columns in order, then a fixed
+// xor-butterfly adds the team's partial sums.
+
+template <typename T, typename AccT, typename IndexT, int V>
+__global__ void __launch_bounds__(kThreads)
+    position_dot_kernel(const T* __restrict__ grad, const T* __restrict__ weight, const IndexT* __restrict__ indices,
+                        const int64_t* __restrict__ offset2bag, int64_t n, int64_t num_weights, int64_t num_bags,
+                        int64_t dim, int64_t padding_idx, T* __restrict__ out, int team) {
+  const int lane = threadIdx.x & (team - 1);
+  const int64_t i = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  AccT acc = 0;
+  if (i < n) {
+    const int64_t idx = static_cast<int64_t>(indices[i]);
+    const int64_t bag = offset2bag[i];
+    if (idx >= 0 && idx < num_weights && idx != padding_idx && bag >= 0 && bag < num_bags) {
+      for (int64_t col = int64_t(lane) * V; col < dim; col += int64_t(team) * V) {
+        const auto gv = cuda::load_vec<T, V>(grad + bag * dim + col);
+        const auto wv = cuda::load_vec<T, V>(weight + idx * dim + col);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc += static_cast<AccT>(gv.v[k]) * static_cast<AccT>(wv.v[k]);
+      }
+    }
+  }
+  // Every thread of the block reaches the shuffles (no early return above).
+  for (int offset = team / 2; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset, team);
+  if (i < n && lane == 0) out[i] = static_cast<T>(acc);
+}
+
+void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor& weight_in,
+                                          const at::Tensor& indices_in, const at::Tensor& offset2bag_in,
+                                          int64_t mode, int64_t padding_idx,
+                                          const at::Tensor& grad_per_sample_weights) {
+  const char* op = kEmbeddingBagPswBackwardOp;
+  check_per_sample_weights_backward(grad_in, weight_in, indices_in, offset2bag_in, mode, padding_idx);
+  check_out(op, "grad_per_sample_weights", grad_per_sample_weights, indices_in.sizes(), weight_in.scalar_type(),
+            weight_in.device());
+  TORCH_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
+  const int64_t N = indices_in.numel();
+  if (N == 0) return;
+  const c10::cuda::CUDAGuard guard(grad_in.device());
+  const auto indices = indices_in.contiguous();
+  const auto offset2bag = offset2bag_in.contiguous();
+  const auto grad = cuda::aligned_contiguous(grad_in);
+  const auto weight = cuda::aligned_contiguous(weight_in);
+  const int64_t D = weight.size(1);
+  const auto c = choose_team(D, weight.element_size(), 32);
+  const int64_t blocks = ceil_div<int64_t>(N, kThreads / c.team);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_psw_backward_cuda", [&] {
+    BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_psw_backward_cuda", [&] {
+      constexpr int kV = 16 / sizeof(scalar_t);
+      auto* kernel = c.vec == kV ? position_dot_kernel<scalar_t, acc_t, index_t, kV>
+                                 : position_dot_kernel<scalar_t, acc_t, index_t, 1>;
+      kernel<<<blocks, kThreads, 0, stream>>>(grad.const_data_ptr<scalar_t>(), weight.const_data_ptr<scalar_t>(),
+                                             indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
+                                             N, weight.size(0), grad.size(0), D, padding_idx,
+                                             grad_per_sample_weights.mutable_data_ptr<scalar_t>(), c.team);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
+at::Tensor per_sample_weights_backward_cuda(const at::Tensor& grad, const at::Tensor& weight,
+                                            const at::Tensor& indices, const at::Tensor& offset2bag, int64_t mode,
+                                            int64_t padding_idx) {
+  check_per_sample_weights_backward(grad, weight, indices, offset2bag, mode, padding_idx);
+  auto out = at::empty(indices.sizes(), weight.options());
+  per_sample_weights_backward_out_cuda(grad, weight, indices, offset2bag, mode, padding_idx, out);
+  return out;
+}
+
+// problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
+void check_problem(const char* op, c10::IntArrayRef problem) {
+  TORCH_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0 && problem[3] >= 0,
+                    op, ": malformed problem ", shape_str(problem));
+}
+
+KernelChoice embedding_bag_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  check_problem(kEmbeddingBagOp, problem);
+  const int64_t elem = c10::elementSize(dtype);
+  return {"bag_gather<" + team_name(choose_team(problem[1], elem, kThreads), elem) + ">", 0};
+}
+
+KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  check_problem(kEmbeddingBagBackwardOp, problem);
+  const int64_t elem = c10::elementSize(dtype);
+  const std::string variant = "sort_segment<" + team_name(choose_team(problem[1], elem, kThreads), elem) +
+                              ",chunk" + std::to_string(kChunk) + ",group" + std::to_string(kGroup) + ">";
+  return {variant, backward_workspace_bytes(problem[0], problem[1], problem[2], problem[3], dtype)};
+}
+
+KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  check_problem(kEmbeddingBagPswBackwardOp, problem);
+  const int64_t elem = c10::elementSize(dtype);
+  return {"position_dot<" + team_name(choose_team(problem[1], elem, 32), elem) + ">", 0};
+}
+
+BARACUDA_REGISTER_VARIANT("embedding_bag", c10::DeviceType::CUDA, embedding_bag_choice);
+BARACUDA_REGISTER_VARIANT("embedding_bag_backward", c10::DeviceType::CUDA, embedding_bag_backward_choice);
+BARACUDA_REGISTER_VARIANT("embedding_bag_per_sample_weights_backward", c10::DeviceType::CUDA,
+                          per_sample_weights_backward_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("embedding_bag", &baracuda::embedding_bag_cuda);
+  m.impl("embedding_bag.out", &baracuda::embedding_bag_out_cuda);
+  m.impl("embedding_bag_backward", &baracuda::embedding_bag_backward_cuda);
+  m.impl("embedding_bag_backward.out", &baracuda::embedding_bag_backward_out_cuda);
+  m.impl("embedding_bag_per_sample_weights_backward", &baracuda::per_sample_weights_backward_cuda);
+  m.impl("embedding_bag_per_sample_weights_backward.out", &baracuda::per_sample_weights_backward_out_cuda);
+}
