@@ -3,7 +3,8 @@
 # (memcheck, racecheck, initcheck, synccheck) over tools/sanitizer_smoke.py, and the
 # benchmark; logs under $OUT, a short summary table last.
 #
-#   STAGES="build test sanitize bench" ONLY=<family filter> BENCH_ARGS="--full" bash tools/gpu_check.sh
+#   STAGES="build test sanitize bench" ONLY=<families, comma-separated> BENCH_ARGS="--full" \
+#   SANITIZERS="memcheck racecheck initcheck synccheck" bash tools/gpu_check.sh
 #
 # Stage `profile` (not in the default list) runs Nsight Compute over the benchmark cases
 # whose names contain one of the '|'-separated PROFILE_CASES substrings, ours and peers.
@@ -54,7 +55,7 @@ if stage test; then
 fi
 
 if stage sanitize; then
-  for tool in memcheck racecheck initcheck synccheck; do
+  for tool in ${SANITIZERS:-memcheck racecheck initcheck synccheck}; do
     start=$(date +%s)
     extra=()
     [ "$tool" = memcheck ] && extra=(--leak-check no)
