@@ -479,20 +479,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Step (5), after grad_weight was zeroed: one team per sorted position s that
-// starts a run writes that run's row v = keys[s], exactly once.
+// Row v of grad_weight from its run [s, e) of sorted positions, columns lane * V,
+// (lane + team) * V, ...: a direct ordered sum for a run inside one chunk, else
+// tail[first chunk] + (group or head partials, in chunk order) + head[last chunk].
 template <typename T, typename AccT, int V>
-__global__ void __launch_bounds__(kThreads)
-    row_grad_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights,
-                    const uint32_t* __restrict__ run_end, const AccT* __restrict__ head,
-                    const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight,
-                    int team) {
-  const int lane = threadIdx.x & (team - 1);
-  const int64_t s = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
-  if (s >= n) return;
-  const uint32_t v = keys[s];
-  if (v >= num_weights || (s > 0 && keys[s - 1] == v)) return;
-  const int64_t e = run_end[v];
+__device__ __forceinline__ void process_run(const GradSource<T, AccT, V>& src, int64_t s, int64_t e, uint32_t v,
+                                            int lane, int team, const AccT* __restrict__ head,
+                                            const AccT* __restrict__ tail, const AccT* __restrict__ group,
+                                            T* __restrict__ grad_weight) {
   const int64_t D = src.dim;
   for (int64_t col = int64_t(lane) * V; col < D; col += int64_t(team) * V) {
     AccT acc[V];
@@ -521,6 +515,31 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Step (5), after grad_weight was zeroed: each warp takes 32 consecutive sorted
+// positions and finds those that start a run (a ballot); its sub-teams of `team`
+// lanes (team <= 32) take those runs in turn and write each run's row v = keys[s]
+// exactly once. Threads launched: one per position, not one team per position.
+template <typename T, typename AccT, int V>
+__global__ void __launch_bounds__(kThreads)
+    row_grad_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights,
+                    const uint32_t* __restrict__ run_end, const AccT* __restrict__ head,
+                    const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight,
+                    int team) {
+  const int lane = threadIdx.x % 32;
+  const int64_t here = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const uint32_t key = here < n ? keys[here] : num_weights;
+  const bool starts = key < num_weights && (here == 0 || keys[here - 1] != key);
+  const unsigned starts_mask = __ballot_sync(0xffffffffu, starts);
+  const int sub = lane / team, tl = lane % team, subs = 32 / team;
+  int k = 0;
+  for (unsigned m = starts_mask; m != 0; m &= m - 1, ++k) {
+    if (k % subs != sub) continue;
+    const int64_t s = here - lane + (__ffs(m) - 1);
+    const uint32_t v = keys[s];
+    process_run(src, s, int64_t(run_end[v]), v, tl, team, head, tail, group, grad_weight);
+  }
+}
+
 template <typename T, typename AccT, int V>
 void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys, const uint32_t* run_end,
                               const BackwardLayout& l, char* ws, int64_t n, int64_t num_weights,
@@ -539,9 +558,9 @@ void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t*
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   C10_CUDA_CHECK(cudaMemsetAsync(grad_weight.mutable_data_ptr(), 0, grad_weight.nbytes(), stream));
-  row_grad_kernel<T, AccT, V><<<ceil_div<int64_t>(n, teams), kThreads, 0, stream>>>(
+  row_grad_kernel<T, AccT, V><<<ceil_div<int64_t>(n, kThreads), kThreads, 0, stream>>>(
       src, sorted_keys, n, static_cast<uint32_t>(num_weights), run_end, head, tail, group,
-      grad_weight.mutable_data_ptr<T>(), c.team);
+      grad_weight.mutable_data_ptr<T>(), std::min(c.team, 32));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
