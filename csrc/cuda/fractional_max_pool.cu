@@ -51,7 +51,7 @@ FmpChoice choose_fmp(const FmpGeometry& g) {
 
 // Output cells per thread in the forward: enough window loads in flight to cover
 // DRAM latency (the whole window of each cell is loaded before any compare).
-constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 9 ? 4 : 2); }
+constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 8 ? 4 : 2); }
 
 // Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
 // box of tile[T] x tile[H] x tile[W] input elements of one plane with at most
