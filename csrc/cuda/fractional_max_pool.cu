@@ -121,7 +121,9 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 // kCells * k^d loads are in flight per thread. KHW == 0: any k, one cell per
 // thread, scanned in loops. 64-bit indices are stored as PyTorch returns them.
 // (Runs of consecutive cells per thread, which share the row's index math, measured
-// slower: each load and store instruction then spans 4x the lines.)
+// slower: each load and store instruction then spans 4x the lines. The load and the
+// compare loops are written out: one shared visitor lambda cost 3d k = 2 seven
+// registers and 12%; see docs/PERFORMANCE.md.)
 
 template <typename IndexT, typename acc_t>
 struct FmpForwardParams {
