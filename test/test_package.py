@@ -77,3 +77,12 @@ def test_benchmark_table_and_json(tmp_path):
 def test_timing_on_cpu_is_positive():
     ms, graph = bench.time_ms(lambda a: a.clone(), [(torch.randn(1000),)], torch.device("cpu"), budget_s=0.01)
     assert ms > 0 and graph is False
+
+
+def test_benchmark_case_filter_on_cpu():
+    # --only picks families, --cases picks case names by substring ('|'-separated).
+    _, results = bench.run_benchmarks(torch.device("cpu"), peers=False, only="rms_norm", cases="[8, 4096]|[512, 1024]")
+    names = {r.name for r in results}
+    assert names == {"rms_norm [8, 4096] bfloat16", "rms_norm_backward [8, 4096] bfloat16", "rms_norm [512, 1024] float32",
+                     "rms_norm_backward [512, 1024] float32"}
+    assert all(r.impl == "baracuda" for r in results)
