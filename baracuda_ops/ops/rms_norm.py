@@ -24,7 +24,8 @@ left out by ``output_mask`` is ``None`` (an undefined tensor), and so is
 ``grad_weight`` when ``weight`` is None. ``grad_weight`` has the weight's dtype.
 In ``rms_norm_backward.out`` such outputs are not touched (pass any tensor, e.g.
 an empty one). Its ``workspace`` holds the dW partials (float32, float64 for
-float64): ``RMSNormBackwardPlan.workspace_size()`` bytes.
+float64): ``RMSNormBackwardPlan.workspace_size()`` bytes; none on CUDA when one row
+group covers every row (e.g. decode), where the kernel writes dW directly.
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ class RMSNormBackwardArgs:
 
 class RMSNormBackwardPlan(Plan):
     """Writes rms_norm's gradients into ``args.grad_input`` / ``args.grad_weight``; the dW
-    partials live in the workspace (``workspace_size()`` bytes)."""
+    partials live in the workspace (``workspace_size()`` bytes, 0 when the CUDA variant is
+    ``...+direct_dw``: one row group writes dW itself)."""
 
     op = "rms_norm_backward"
 
