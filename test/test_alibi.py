@@ -292,7 +292,7 @@ def test_backward_plan_with_caller_workspace(device, shape):
     torch.testing.assert_close(grad_scores, grad, rtol=0, atol=0)
     assert plan.precision_guarantee().accumulator_dtype == torch.float32
     if device.type == "cuda":
-        assert plan.sku().variant.startswith("slope_grad<16B,i32>")
+        assert plan.sku().variant.startswith("slope_grad_rows<16B,i32,segments=")
     if shape == (4, 8, 256, 256) and device.type == "cuda":
         # 64K float32 vectors per head: several chunks per head, partials in the workspace.
         assert "_ordered_combine" in plan.sku().variant and plan.workspace_size() > 0

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -25,10 +26,7 @@ using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
-// The slope gradient gives each (head, chunk) block at least this many vectors
-// (one pass of the unrolled loop per thread).
-constexpr int64_t kMinChunkVectors = kThreads * kUnroll;
+constexpr int kUnroll = 4;  // vectors whose loads a thread issues together
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -37,6 +35,7 @@ constexpr int64_t kMinChunkVectors = kThreads * kUnroll;
 struct AlibiChoice {
   int vec_bytes;        // bytes per access: 16 when a row of K elements is a whole number of vectors
   bool index32;         // 32-bit index math (fast division) when the tensor has < 2^31 elements
+  int segments_log2 = 0;  // backward: each row is cut into 2^segments_log2 segments (one warp each)
   int64_t chunks = 1;   // backward: blocks per head; > 1 adds the ordered combine of the partials
 };
 
@@ -45,17 +44,25 @@ AlibiChoice choose_alibi(const AlibiShape& s, int64_t elem_bytes) {
   return {vec ? 16 : static_cast<int>(elem_bytes), s.numel() < (int64_t(1) << 31)};
 }
 
+// Backward work items are (row, segment) pairs, one warp each. Rows are cut
+// into segments (a power of two, each at least one unrolled warp pass long)
+// only when whole rows give fewer warps than two waves of the GPU; the items of
+// a head are then split evenly into chunks, about two waves of blocks in all.
 AlibiChoice choose_alibi_backward(const AlibiShape& s, int64_t elem_bytes) {
   AlibiChoice c = choose_alibi(s, elem_bytes);
-  const int64_t per_head_vectors = s.per_head() / (c.vec_bytes / elem_bytes);
-  if (s.heads == 0 || per_head_vectors == 0) return c;
-  // About two waves of 256-thread blocks over the whole GPU, split evenly
-  // among the heads, each chunk at least kMinChunkVectors long.
-  const int64_t want = int64_t(cuda::num_sms()) * (2048 / kThreads) * 2;
-  int64_t chunks = std::min(ceil_div<int64_t>(want, s.heads), ceil_div(per_head_vectors, kMinChunkVectors));
+  const int64_t row_vectors = s.keys / (c.vec_bytes / elem_bytes);
+  const int64_t rows_per_head = s.batch * s.queries;
+  if (s.heads == 0 || rows_per_head == 0 || row_vectors == 0) return c;
+  const int64_t want_warps = 2 * int64_t(cuda::num_sms()) * (2048 / 32);
+  while (int64_t(32 * kUnroll) << (c.segments_log2 + 1) <= row_vectors &&
+         (s.heads * rows_per_head << c.segments_log2) < want_warps) {
+    ++c.segments_log2;
+  }
+  const int64_t items = rows_per_head << c.segments_log2;
+  const int64_t want_blocks = int64_t(cuda::num_sms()) * (2048 / kThreads) * 2;
+  int64_t chunks = std::min(ceil_div<int64_t>(want_blocks, s.heads), ceil_div<int64_t>(items, kThreads / 32));
   chunks = std::clamp<int64_t>(chunks, 1, 65535);
-  const int64_t per_chunk = ceil_div(per_head_vectors, chunks);
-  c.chunks = ceil_div(per_head_vectors, per_chunk);
+  c.chunks = ceil_div(items, ceil_div(items, chunks));
   return c;
 }
 
@@ -64,7 +71,8 @@ std::string alibi_variant(const AlibiChoice& c) {
 }
 
 std::string alibi_backward_variant(const AlibiChoice& c) {
-  std::string v = "slope_grad<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") + ">";
+  std::string v = "slope_grad_rows<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") +
+                  ",segments=" + std::to_string(1 << c.segments_log2) + ">";
   return c.chunks == 1 ? v : v + "+chunks" + std::to_string(c.chunks) + "_ordered_combine";
 }
 
@@ -81,35 +89,36 @@ using DiffT = std::conditional_t<sizeof(IndexT) == 4, int32_t, int64_t>;
 
 // ---------------------------------------------------------------------------
 // Forward: y[e] = x[e] + slopes[h] * (j - i), computed in AccT and rounded once
-// to T. Each thread moves whole vectors of V elements; a vector never crosses a
-// row because K is a multiple of V. x may equal y (the in-place op): each
-// element is read and then written by the same thread only.
+// to T. Block b owns the kThreads * kUnroll vectors from b * kThreads * kUnroll
+// (no grid-stride loop): thread t loads its vectors t, t + kThreads, ... first,
+// then computes and stores them. Each vector of V elements lies in one row
+// because K is a multiple of V. Streaming cache hints: every element is read
+// once and written once. x may equal y (the in-place op): each element is read
+// and then written by the same thread only.
 
 template <typename T, typename S, typename AccT, int V, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     alibi_forward_kernel(const T* x, const S* __restrict__ slopes, T* y, IndexT num_vectors,
                          IntDivider<IndexT> keys, IntDivider<IndexT> queries, IntDivider<IndexT> heads) {
-  const IndexT stride = IndexT(gridDim.x) * kThreads;
-  for (IndexT first = IndexT(blockIdx.x) * kThreads + threadIdx.x; first < num_vectors; first += stride * kUnroll) {
-    cuda::Vec<T, V> v[kUnroll];
+  const IndexT first = IndexT(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
+  cuda::Vec<T, V> v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const IndexT q = first + u * stride;
-      if (q < num_vectors) v[u] = cuda::load_vec<T, V>(x + q * V);
-    }
+  for (int u = 0; u < kUnroll; ++u) {
+    const IndexT q = first + u * kThreads;
+    if (q < num_vectors) v[u] = cuda::load_vec_streaming<T, V>(x + q * V);
+  }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const IndexT q = first + u * stride;
-      if (q < num_vectors) {
-        const auto jr = keys.divmod(q * V);
-        const auto iq = queries.divmod(jr.div);
-        const AccT m = static_cast<AccT>(slopes[heads.mod(iq.div)]);
-        const AccT d = static_cast<AccT>(static_cast<DiffT<IndexT>>(jr.mod) - static_cast<DiffT<IndexT>>(iq.mod));
-        cuda::Vec<T, V> out;
+  for (int u = 0; u < kUnroll; ++u) {
+    const IndexT q = first + u * kThreads;
+    if (q < num_vectors) {
+      const auto jr = keys.divmod(q * V);
+      const auto iq = queries.divmod(jr.div);
+      const AccT m = static_cast<AccT>(slopes[heads.mod(iq.div)]);
+      const AccT d = static_cast<AccT>(static_cast<DiffT<IndexT>>(jr.mod) - static_cast<DiffT<IndexT>>(iq.mod));
+      cuda::Vec<T, V> out;
 #pragma unroll
-        for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(static_cast<AccT>(v[u].v[k]) + m * (d + AccT(k)));
-        cuda::store_vec<T, V>(y + q * V, out);
-      }
+      for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(static_cast<AccT>(v[u].v[k]) + m * (d + AccT(k)));
+      cuda::store_vec_streaming<T, V>(y + q * V, out);
     }
   }
 }
@@ -117,8 +126,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename S, typename AccT, int V, typename IndexT>
 void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s) {
   const IndexT num_vectors = static_cast<IndexT>(s.numel() / V);
-  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(num_vectors, kThreads * kUnroll),
-                                           int64_t(cuda::num_sms()) * (2048 / kThreads) * 4);
+  const int64_t blocks = ceil_div<int64_t>(num_vectors, kThreads * kUnroll);
+  TORCH_CHECK_NOT_IMPLEMENTED(blocks <= std::numeric_limits<int32_t>::max(), kAlibiOp, ": ", s.numel(),
+                              " elements need more than 2^31 - 1 blocks");
   alibi_forward_kernel<T, S, AccT, V, IndexT><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       x, slopes, y, num_vectors, IntDivider<IndexT>(static_cast<IndexT>(s.keys)),
       IntDivider<IndexT>(static_cast<IndexT>(s.queries)), IntDivider<IndexT>(static_cast<IndexT>(s.heads)));
@@ -180,44 +190,48 @@ void alibi_inplace_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
 
 // ---------------------------------------------------------------------------
 // Slope gradient: grad_slopes[h] = sum_{b,i,j} grad[b,h,i,j] * (j - i).
-// Head h's elements, in vector units, form a virtual range t in [0, B*QK/V):
-// t = b * (QK/V) + r, stored at vector (b H + h) (QK/V) + r, with i = r / (K/V)
-// and j = (r mod (K/V)) * V + k. Block (h, c) sums chunk c of that range: each
-// thread accumulates its strided vectors in order in AccT, then the block adds
-// the thread sums with the fixed-order block_sum. With one chunk the block
-// writes grad_slopes[h]; otherwise it writes partials[h][c], and
-// alibi_slope_combine_kernel adds those in chunk order. No atomics: the result
-// is bit-identical run to run.
+// Head h's work is a list of items t = r * 2^L + seg over its rows r = b * Q + i
+// (each of K/V vectors, cut into 2^L segments). Block (h, c) takes chunk c of
+// that list; its warp w takes items begin + w, begin + w + 8, ...: the row's
+// base and i come from one division per item, and the lanes stride the
+// segment's vectors, kUnroll loads in flight, accumulating in order in AccT.
+// The block then adds the thread sums with the fixed-order block_sum. With one
+// chunk the block writes grad_slopes[h]; otherwise it writes partials[h][c],
+// and alibi_slope_combine_kernel adds those in chunk order. No atomics: the
+// result is bit-identical run to run.
 
 template <typename T, typename S, typename AccT, int V, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     alibi_slope_grad_kernel(const T* __restrict__ grad, AccT* __restrict__ partials, S* __restrict__ grad_slopes,
-                            IndexT per_head_vectors, IndexT per_chunk, IntDivider<IndexT> slab_vectors,
-                            IntDivider<IndexT> row_vectors, IndexT heads) {
+                            IndexT items_per_head, IndexT items_per_chunk, int segments_log2, IndexT segment_len,
+                            IndexT row_vectors, IntDivider<IndexT> queries, IndexT heads) {
   __shared__ AccT scratch[kThreads / 32];
   const IndexT h = blockIdx.x, chunk = blockIdx.y;
-  const IndexT begin = chunk * per_chunk;
-  const IndexT end = begin + per_chunk < per_head_vectors ? begin + per_chunk : per_head_vectors;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const IndexT begin = chunk * items_per_chunk;
+  const IndexT end = begin + items_per_chunk < items_per_head ? begin + items_per_chunk : items_per_head;
 
   AccT acc = 0;
-  for (IndexT first = begin + threadIdx.x; first < end; first += kThreads * kUnroll) {
-    cuda::Vec<T, V> v[kUnroll];
-    AccT d[kUnroll];
+  for (IndexT item = begin + warp; item < end; item += kThreads / 32) {
+    const IndexT seg = item & ((IndexT(1) << segments_log2) - 1);
+    const auto bi = queries.divmod(item >> segments_log2);  // b, i
+    const T* row = grad + ((bi.div * heads + h) * queries.divisor + bi.mod) * row_vectors * V;
+    const IndexT v_begin = seg * segment_len;
+    const IndexT v_end = v_begin + segment_len < row_vectors ? v_begin + segment_len : row_vectors;
+    for (IndexT first = v_begin + lane; first < v_end; first += 32 * kUnroll) {
+      cuda::Vec<T, V> v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const IndexT t = first + u * kThreads;
-      if (t < end) {
-        const auto br = slab_vectors.divmod(t);
-        const auto ij = row_vectors.divmod(br.mod);
-        v[u] = cuda::load_vec<T, V>(grad + ((br.div * heads + h) * slab_vectors.divisor + br.mod) * V);
-        d[u] = static_cast<AccT>(static_cast<DiffT<IndexT>>(ij.mod * V) - static_cast<DiffT<IndexT>>(ij.div));
+      for (int u = 0; u < kUnroll; ++u) {
+        if (first + 32 * u < v_end) v[u] = cuda::load_vec<T, V>(row + (first + 32 * u) * V);
       }
-    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (first + u * kThreads < end) {
+      for (int u = 0; u < kUnroll; ++u) {
+        if (first + 32 * u < v_end) {
+          const AccT d = static_cast<AccT>(static_cast<DiffT<IndexT>>((first + 32 * u) * V) -
+                                           static_cast<DiffT<IndexT>>(bi.mod));
 #pragma unroll
-        for (int k = 0; k < V; ++k) acc += static_cast<AccT>(v[u].v[k]) * (d[u] + AccT(k));
+          for (int k = 0; k < V; ++k) acc += static_cast<AccT>(v[u].v[k]) * (d + AccT(k));
+        }
       }
     }
   }
@@ -250,13 +264,16 @@ template <typename T, typename S, typename AccT, int V, typename IndexT>
 void launch_alibi_slope_grad(const T* grad, S* grad_slopes, AccT* partials, const AlibiShape& s,
                              const AlibiChoice& c) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t per_head_vectors = s.per_head() / V;
-  const int64_t per_chunk = ceil_div(per_head_vectors, c.chunks);
+  const int64_t row_vectors = s.keys / V;
+  const int64_t items_per_head = (s.batch * s.queries) << c.segments_log2;
+  const int64_t items_per_chunk = ceil_div(items_per_head, c.chunks);
   const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(c.chunks));  // chunks <= 65535
   alibi_slope_grad_kernel<T, S, AccT, V, IndexT><<<grid, kThreads, 0, stream>>>(
-      grad, c.chunks > 1 ? partials : nullptr, grad_slopes, static_cast<IndexT>(per_head_vectors),
-      static_cast<IndexT>(per_chunk), IntDivider<IndexT>(static_cast<IndexT>(s.queries * s.keys / V)),
-      IntDivider<IndexT>(static_cast<IndexT>(s.keys / V)), static_cast<IndexT>(s.heads));
+      grad, c.chunks > 1 ? partials : nullptr, grad_slopes, static_cast<IndexT>(items_per_head),
+      static_cast<IndexT>(items_per_chunk), c.segments_log2,
+      static_cast<IndexT>(ceil_div<int64_t>(row_vectors, int64_t(1) << c.segments_log2)),
+      static_cast<IndexT>(row_vectors), IntDivider<IndexT>(static_cast<IndexT>(s.queries)),
+      static_cast<IndexT>(s.heads));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (c.chunks > 1) {
     const int64_t blocks = ceil_div<int64_t>(s.heads * 32, kThreads);

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -36,6 +37,36 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// The same with streaming cache hints (evict first: ld.global.cs / st.global.cs),
+// for data that is read once or written once.
+template <int Bytes>
+struct WordOf;
+template <>
+struct WordOf<2> { using type = unsigned short; };
+template <>
+struct WordOf<4> { using type = unsigned int; };
+template <>
+struct WordOf<8> { using type = uint2; };
+template <>
+struct WordOf<16> { using type = uint4; };
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_streaming(const T* p) {
+  using W = typename WordOf<sizeof(T) * N>::type;
+  const W w = __ldcs(reinterpret_cast<const W*>(p));
+  Vec<T, N> v;
+  memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec_streaming(T* p, const Vec<T, N>& v) {
+  using W = typename WordOf<sizeof(T) * N>::type;
+  W w;
+  memcpy(&w, &v, sizeof(w));
+  __stcs(reinterpret_cast<W*>(p), w);
 }
 
 inline bool is_aligned(const void* p, size_t bytes) {
