@@ -121,11 +121,6 @@ int64_t grid_stride_blocks(int64_t n) {
 // The team also writes offset2bag for its positions (bag 0 and the last bag
 // write -1 for the positions before / after every bag).
 
-// The bits of a Vec<T, V>, held as 32-bit words where the size allows: a Vec of
-// 16-bit elements whose load is conditional would hold one register per element.
-template <typename T, int V>
-using RawVec = std::conditional_t<sizeof(T) * V % 4 == 0, cuda::Vec<uint32_t, sizeof(T) * V / 4>, cuda::Vec<T, V>>;
-
 template <typename T, typename AccT, typename IndexT, int V, bool kMax>
 __global__ void __launch_bounds__(kThreads, kMax ? 1 : 3)
     bag_forward_kernel(const T* __restrict__ weight, const IndexT* __restrict__ indices,
@@ -161,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, kMax ? 1 : 3)
     int64_t count = 0;
     bool bag_bad = bad;
     for (int64_t i = begin; i < end; i += kUnroll) {
-      RawVec<T, V> raw[kUnroll];
+      cuda::RawVec<T, V> raw[kUnroll];
       bool use[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -171,14 +166,13 @@ __global__ void __launch_bounds__(kThreads, kMax ? 1 : 3)
         const bool in_range = idx >= 0 && idx < g.num_weights;
         bag_bad |= present && !pad && !in_range;
         use[u] = present && !pad && in_range;
-        if (use[u] && has_col) raw[u] = *reinterpret_cast<const RawVec<T, V>*>(weight + idx * D + col);
+        if (use[u] && has_col) raw[u] = cuda::load_raw<T, V>(weight + idx * D + col);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (!use[u]) continue;
         if (has_col) {
-          cuda::Vec<T, V> w;
-          memcpy(&w, &raw[u], sizeof(w));
+          const auto w = cuda::from_raw<T, V>(raw[u]);
           if constexpr (kMax) {
 #pragma unroll
             for (int k = 0; k < V; ++k) {

@@ -44,6 +44,7 @@ struct RepeatChoice {
   int vec_bytes = 16;           // bytes per access: 16 when the innermost input run is a multiple of 16 bytes
   bool index32 = true;          // 32-bit index math (fast division) when the output has < 2^31 elements
   int tile_lanes = 1;           // backward: warps per block splitting one vector range's tiles
+  int unroll = 4;               // backward: tile loads in flight per thread (1, 2 or 4: enough for its tiles)
   int64_t splits = 1;           // grid.y: tile ranges; backward sums them in a second, ordered pass
   int64_t tiles_per_split = 1;
 };
@@ -91,6 +92,8 @@ RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
   // tiles per vector the extra partial traffic costs more than the parallelism gains.
   c.tile_lanes = (2 * vectors < threads_for_two_waves() && t.tiles() >= 8 * kTileLanes) ? kTileLanes : 1;
   if (c.tile_lanes > 1) choose_splits(c, vectors * c.tile_lanes, t.tiles(), 8 * c.tile_lanes);
+  const int64_t per_lane = ceil_div<int64_t>(c.tiles_per_split, c.tile_lanes);
+  c.unroll = per_lane <= 1 ? 1 : (per_lane <= 2 ? 2 : 4);
   return c;
 }
 
@@ -104,127 +107,122 @@ std::string repeat_variant(const RepeatChoice& c) {
 }
 
 std::string repeat_backward_variant(const RepeatChoice& c) {
-  std::string v = "tile_sum<" + index_name(c) + ",lanes=" + std::to_string(c.tile_lanes) + ">";
+  std::string v = "tile_sum<" + index_name(c) + ",lanes=" + std::to_string(c.tile_lanes) +
+                  ",unroll=" + std::to_string(c.unroll) + ">";
   return c.splits == 1 ? v : v + "+split" + std::to_string(c.splits) + "_ordered_combine";
 }
 
 // ---------------------------------------------------------------------------
-// Geometry on the device.
-
-// Loops over dims are unrolled over kMaxTileDims with an `if (d < ndim)` guard
-// so every array index is a compile-time constant (registers and kernel
-// parameters, never local memory).
-template <typename IndexT>
+// Geometry on the device, on D dim slots (D = 2, 4 or 8: kernels are built for
+// each; dims_for() picks the smallest D >= ndim). Collapsed dim e sits in slot
+// D - ndim + e; the slots before it are padding (extent 1, repeat 1), so the
+// innermost dim is always slot D - 1, loops over slots are unrolled with
+// compile-time indices (registers and kernel parameters, never local memory),
+// and unused slots cost nothing.
+template <typename IndexT, int D>
 struct TileWalker {
-  int ndim;
-  IntDivider<IndexT> in_extent[kMaxTileDims];   // s_d
-  IntDivider<IndexT> out_extent[kMaxTileDims];  // s_d * r_d
-  IndexT in_stride[kMaxTileDims];               // input elements per step of dim d
-  IndexT out_stride[kMaxTileDims];              // output elements per step of dim d
-  IndexT step[kMaxTileDims];                    // s_d * out_stride_d: one tile further along d
-  IndexT repeat[kMaxTileDims];
-  IndexT last_step, last_repeat;                // step and repeat of the innermost dim
+  int first;                       // D - ndim: the first used slot
+  IntDivider<IndexT> in_extent[D];   // s_d
+  IntDivider<IndexT> out_extent[D];  // s_d * r_d
+  IntDivider<IndexT> repeat[D];      // r_d
+  IndexT in_stride[D];               // input elements per step of slot d
+  IndexT out_stride[D];              // output elements per step of slot d
+  IndexT step[D];                    // s_d * out_stride_d: one tile further along d
+  IndexT wrap[D];                    // step_d * r_d: back to tile 0 along d
 
-  explicit TileWalker(const TiledLayout& t) : ndim(t.ndim) {
-    int64_t in = 1, out = 1;
-    for (int d = kMaxTileDims - 1; d >= 0; --d) {
-      const bool used = d < t.ndim;
-      const int64_t s = used ? t.size[d] : 1, r = used ? t.repeat[d] : 1;
-      in_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(s, 1)));
-      out_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(s * r, 1)));
+  explicit TileWalker(const TiledLayout& t) : first(D - t.ndim) {
+    uint64_t in = 1, out = 1;
+    for (int d = D - 1; d >= 0; --d) {
+      const bool used = d >= first;
+      const uint64_t s = used ? std::max<int64_t>(t.size[d - first], 1) : 1;
+      const uint64_t r = used ? std::max<int64_t>(t.repeat[d - first], 1) : 1;
+      in_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(s));
+      out_extent[d] = IntDivider<IndexT>(static_cast<IndexT>(s * r));
+      repeat[d] = IntDivider<IndexT>(static_cast<IndexT>(r));
       in_stride[d] = static_cast<IndexT>(in);
       out_stride[d] = static_cast<IndexT>(out);
       step[d] = static_cast<IndexT>(s * out);
-      repeat[d] = static_cast<IndexT>(r);
-      if (used) {
-        in *= s;
-        out *= s * r;
-      }
+      wrap[d] = static_cast<IndexT>(s * out * r);
+      in *= s;
+      out *= s * r;
     }
-    last_step = step[t.ndim - 1];
-    last_repeat = repeat[t.ndim - 1];
   }
 
-  // Output offset of input element c in tile 0.
+  // Output offset of input element c in tile 0. Slot 0 takes what is left of c
+  // (0 when it is padding), so it needs no division.
   __device__ __forceinline__ IndexT base(IndexT c) const {
     IndexT b = 0;
 #pragma unroll
-    for (int d = kMaxTileDims - 1; d >= 0; --d) {
-      if (d < ndim) {
+    for (int d = D - 1; d >= 1; --d) {
+      if (d >= first) {
         const auto q = in_extent[d].divmod(c);
         c = q.div;
         b += q.mod * out_stride[d];
       }
     }
-    return b;
+    return b + c * out_stride[0];
   }
 
   // Input offset of output element q: sum_d ((q_d mod (s_d r_d)) mod s_d) * in_stride_d.
   __device__ __forceinline__ IndexT source(IndexT q) const {
     IndexT src = 0;
 #pragma unroll
-    for (int d = kMaxTileDims - 1; d >= 0; --d) {
-      if (d < ndim) {
+    for (int d = D - 1; d >= 1; --d) {
+      if (d >= first) {
         const auto o = out_extent[d].divmod(q);
         q = o.div;
-        src += in_extent[d].divmod(o.mod).mod * in_stride[d];
+        src += in_extent[d].mod(o.mod) * in_stride[d];
       }
     }
-    return src;
+    return src + in_extent[0].mod(q) * in_stride[0];
   }
 };
 
 // Visits tiles k, k+1, ... in row-major order over the repeat grid, keeping
 // offset(k). The innermost digit changes every step; outer digits only when it
-// wraps.
-template <typename IndexT>
+// wraps. Slot 0's digit is not kept: it only changes once k passes the last tile.
+template <typename IndexT, int D>
 struct TileOdometer {
-  IndexT digit[kMaxTileDims];  // digit[ndim - 1] unused: last_digit holds it
-  IndexT last_digit = 0;
+  IndexT digit[D];
   IndexT offset = 0;
 
-  __device__ __forceinline__ TileOdometer(const TileWalker<IndexT>& w, IndexT k) {
+  __device__ __forceinline__ TileOdometer(const TileWalker<IndexT, D>& w, IndexT k) {
 #pragma unroll
-    for (int d = kMaxTileDims - 1; d >= 0; --d) {
+    for (int d = D - 1; d >= 1; --d) {
+      const auto q = w.repeat[d].divmod(k);
+      digit[d] = q.mod;
+      k = q.div;
+      offset += q.mod * w.step[d];
+    }
+    digit[0] = 0;
+    offset += k * w.step[0];
+  }
+
+  __device__ __forceinline__ void advance(const TileWalker<IndexT, D>& w) {
+    offset += w.step[D - 1];
+    if (++digit[D - 1] != w.repeat[D - 1].divisor) return;
+    digit[D - 1] = 0;
+    offset -= w.wrap[D - 1];
+#pragma unroll
+    for (int d = D - 2; d >= 1; --d) {
+      offset += w.step[d];
+      if (++digit[d] != w.repeat[d].divisor) return;
       digit[d] = 0;
-      if (d < w.ndim) {
-        digit[d] = k % w.repeat[d];
-        k /= w.repeat[d];
-        offset += digit[d] * w.step[d];
-      }
+      offset -= w.wrap[d];
     }
-    last_digit = k_last(w);
-  }
-
-  __device__ __forceinline__ void advance(const TileWalker<IndexT>& w) {
-    offset += w.last_step;
-    if (++last_digit < w.last_repeat) return;
-    offset -= w.last_step * w.last_repeat;
-    last_digit = 0;
-    bool carry = true;
-#pragma unroll
-    for (int d = kMaxTileDims - 1; d >= 0; --d) {
-      if (carry && d < w.ndim - 1) {
-        offset += w.step[d];
-        carry = ++digit[d] == w.repeat[d];
-        if (carry) {
-          offset -= w.step[d] * w.repeat[d];
-          digit[d] = 0;
-        }
-      }
-    }
-  }
-
- private:
-  __device__ __forceinline__ IndexT k_last(const TileWalker<IndexT>& w) const {
-    IndexT v = 0;
-#pragma unroll
-    for (int d = 0; d < kMaxTileDims; ++d) {
-      if (d == w.ndim - 1) v = digit[d];
-    }
-    return v;
+    offset += w.step[0];
   }
 };
+
+// Calls f(std::integral_constant<int, D>) with the smallest D in {2, 4, 8} that
+// holds the layout's dims.
+template <typename F>
+void with_dims(const TiledLayout& t, F&& f) {
+  static_assert(kMaxTileDims == 8, "with_dims covers up to 8 dims");
+  if (t.ndim <= 2) return f(std::integral_constant<int, 2>{});
+  if (t.ndim <= 4) return f(std::integral_constant<int, 4>{});
+  return f(std::integral_constant<int, 8>{});
+}
 
 template <typename IndexT>
 __device__ __forceinline__ IndexT min_index(IndexT a, IndexT b) {
@@ -236,9 +234,9 @@ __device__ __forceinline__ IndexT min_index(IndexT a, IndexT b) {
 
 // Broadcast: thread (vector c, split s) reads x[c..c+V) once and stores it into
 // tiles [s * tiles_per_split, (s + 1) * tiles_per_split).
-template <typename W, int V, typename IndexT>
+template <typename W, int V, int D, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
-    repeat_broadcast_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT> w, IndexT num_vectors,
+    repeat_broadcast_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT, D> w, IndexT num_vectors,
                             IndexT tiles, IndexT tiles_per_split) {
   const IndexT vec = IndexT(blockIdx.x) * kThreads + threadIdx.x;
   if (vec >= num_vectors) return;
@@ -247,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
   const IndexT k_end = min_index(tiles, k_begin + tiles_per_split);
   const auto v = cuda::load_vec<W, V>(x + c);
   W* out = y + w.base(c);
-  TileOdometer<IndexT> odo(w, k_begin);
+  TileOdometer<IndexT, D> odo(w, k_begin);
   for (IndexT k = k_begin; k < k_end; ++k) {
     cuda::store_vec<W, V>(out + odo.offset, v);
     odo.advance(w);
@@ -256,9 +254,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // Gather: each thread writes whole output vectors, y[q] = x[source(q)]; a
 // vector never straddles an input run because s_last is a multiple of V.
-template <typename W, int V, typename IndexT>
+template <typename W, int V, int D, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
-    repeat_gather_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT> w, IndexT num_vectors) {
+    repeat_gather_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT, D> w, IndexT num_vectors) {
   const IndexT stride = IndexT(gridDim.x) * kThreads;
   for (IndexT first = IndexT(blockIdx.x) * kThreads + threadIdx.x; first < num_vectors; first += stride * kUnroll) {
     cuda::Vec<W, V> v[kUnroll];
@@ -280,19 +278,22 @@ void launch_repeat(const at::Tensor& x, const at::Tensor& out, const TiledLayout
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto* src = static_cast<const W*>(x.const_data_ptr());
   auto* dst = static_cast<W*>(out.mutable_data_ptr());
-  const TileWalker<IndexT> walker(t);
-  if (c.kernel == RepeatKernel::kBroadcast) {
-    const IndexT num_vectors = static_cast<IndexT>(t.input_numel() / V);
-    const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads), c.splits);
-    repeat_broadcast_kernel<W, V, IndexT><<<grid, kThreads, 0, stream>>>(
-        src, dst, walker, num_vectors, static_cast<IndexT>(t.tiles()), static_cast<IndexT>(c.tiles_per_split));
-  } else {
-    const IndexT num_vectors = static_cast<IndexT>(t.output_numel() / V);
-    const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(num_vectors, kThreads * kUnroll),
-                                             int64_t(cuda::num_sms()) * (2048 / kThreads) * 4);
-    repeat_gather_kernel<W, V, IndexT><<<blocks, kThreads, 0, stream>>>(src, dst, walker, num_vectors);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  with_dims(t, [&](auto dims) {
+    constexpr int D = decltype(dims)::value;
+    const TileWalker<IndexT, D> walker(t);
+    if (c.kernel == RepeatKernel::kBroadcast) {
+      const IndexT num_vectors = static_cast<IndexT>(t.input_numel() / V);
+      const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads), c.splits);
+      repeat_broadcast_kernel<W, V, D, IndexT><<<grid, kThreads, 0, stream>>>(
+          src, dst, walker, num_vectors, static_cast<IndexT>(t.tiles()), static_cast<IndexT>(c.tiles_per_split));
+    } else {
+      const IndexT num_vectors = static_cast<IndexT>(t.output_numel() / V);
+      const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(num_vectors, kThreads * kUnroll),
+                                               int64_t(cuda::num_sms()) * (2048 / kThreads) * 4);
+      repeat_gather_kernel<W, V, D, IndexT><<<blocks, kThreads, 0, stream>>>(src, dst, walker, num_vectors);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 // Elements are moved as opaque words of their size.
@@ -330,15 +331,19 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 // ---------------------------------------------------------------------------
 // Backward: dx[c] = sum_{k in tiles, row-major over the repeat grid} grad[base(c) + offset(k)].
 // Block = (TX vector lanes) x (L tile lanes). Thread (tx, l) of split s sums, in
-// order, the l-th contiguous chunk of the split's tile range; the L lane sums are
-// added in lane order through shared memory. With one split the block writes dx,
-// otherwise an acc_t partial per split, which repeat_combine_kernel adds in split
-// order. No atomics: bit-stable run to run.
+// order, the l-th contiguous chunk of the split's tile range, U tiles per step;
+// the L lane sums are added in lane order through shared memory. With one split
+// the block writes dx, otherwise an acc_t partial per split, which
+// repeat_combine_kernel adds in split order. No atomics: bit-stable run to run.
+// The U loads of a step are issued unconditionally (past the chunk's last tile
+// a load re-reads it and its add is skipped) and held as raw words until the
+// adds: a conditional load whose bf16 halves are unpacked right after it would
+// wait for the load before the next one is issued.
 
-template <typename T, typename AccT, int V, int L, typename IndexT>
+template <typename T, typename AccT, int V, int L, int D, int U, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     repeat_tile_sum_kernel(const T* __restrict__ grad, T* __restrict__ dx, AccT* __restrict__ partials,
-                           TileWalker<IndexT> w, IndexT num_vectors, IndexT tiles, IndexT tiles_per_split) {
+                           TileWalker<IndexT, D> w, IndexT num_vectors, IndexT tiles, IndexT tiles_per_split) {
   constexpr int TX = kThreads / L;
   const int tx = threadIdx.x % TX, lane = threadIdx.x / TX;
   const IndexT vec = IndexT(blockIdx.x) * TX + tx;
@@ -356,21 +361,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < V; ++i) acc[i] = AccT(0);
   if (active && k_begin < k_end) {
     const T* g = grad + w.base(c);
-    TileOdometer<IndexT> odo(w, k_begin);
-    for (IndexT k = k_begin; k < k_end; k += kUnroll) {
-      cuda::Vec<T, V> v[kUnroll];
+    TileOdometer<IndexT, D> odo(w, k_begin);
+#pragma unroll 1
+    for (IndexT k = k_begin; k < k_end; k += U) {
+      cuda::RawVec<T, V> raw[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (k + u < k_end) {
-          v[u] = cuda::load_vec<T, V>(g + odo.offset);
-          odo.advance(w);
-        }
+      for (int u = 0; u < U; ++u) {
+        raw[u] = cuda::load_raw<T, V>(g + odo.offset);
+        if (k + u + 1 < k_end) odo.advance(w);
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (k + u < k_end) {
+      for (int u = 0; u < U; ++u) {
+        if (u == 0 || k + u < k_end) {
+          const auto v = cuda::from_raw<T, V>(raw[u]);
 #pragma unroll
-          for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v[u].v[i]);
+          for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v.v[i]);
         }
       }
     }
@@ -430,18 +435,30 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
   const IndexT n = static_cast<IndexT>(t.input_numel());
   const IndexT num_vectors = n / V;
   AccT* partials = c.splits > 1 ? reinterpret_cast<AccT*>(workspace.mutable_data_ptr()) : nullptr;
-  const TileWalker<IndexT> walker(t);
   const auto tiles = static_cast<IndexT>(t.tiles());
   const auto per_split = static_cast<IndexT>(c.tiles_per_split);
   const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads / c.tile_lanes), c.splits);
-  if (c.tile_lanes == kTileLanes) {
-    repeat_tile_sum_kernel<T, AccT, V, kTileLanes, IndexT><<<grid, kThreads, 0, stream>>>(
-        grad.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partials, walker, num_vectors, tiles, per_split);
-  } else {
-    repeat_tile_sum_kernel<T, AccT, V, 1, IndexT><<<grid, kThreads, 0, stream>>>(
-        grad.const_data_ptr<T>(), dx.mutable_data_ptr<T>(), partials, walker, num_vectors, tiles, per_split);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const T* g = grad.const_data_ptr<T>();
+  T* out = dx.mutable_data_ptr<T>();
+  with_dims(t, [&](auto dims) {
+    constexpr int D = decltype(dims)::value;
+    const TileWalker<IndexT, D> w(t);
+    // Tile lanes only with >= 8 tiles per lane (choose_repeat_backward): U = 4.
+    if (c.tile_lanes == kTileLanes) {
+      repeat_tile_sum_kernel<T, AccT, V, kTileLanes, D, 4, IndexT>
+          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split);
+    } else if (c.unroll == 4) {
+      repeat_tile_sum_kernel<T, AccT, V, 1, D, 4, IndexT>
+          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split);
+    } else if (c.unroll == 2) {
+      repeat_tile_sum_kernel<T, AccT, V, 1, D, 2, IndexT>
+          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split);
+    } else {
+      repeat_tile_sum_kernel<T, AccT, V, 1, D, 1, IndexT>
+          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
   if (partials != nullptr) {
     const int64_t blocks = ceil_div<int64_t>(n, kThreads / kTileLanes);
     repeat_combine_kernel<T, AccT, IndexT><<<blocks, kThreads, 0, stream>>>(partials, dx.mutable_data_ptr<T>(), n,

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 namespace baracuda {
@@ -37,6 +38,25 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+// The bits of a Vec<T, N>, held as 32-bit words where the size allows, until
+// from_raw: no conversion of the elements (bf16 halves unpacked) can be placed
+// between a load and the next one, and a conditionally loaded Vec of 16-bit
+// elements does not take one register per element.
+template <typename T, int N>
+using RawVec = std::conditional_t<sizeof(T) * N % 4 == 0, Vec<uint32_t, sizeof(T) * N / 4>, Vec<T, N>>;
+
+template <typename T, int N>
+__device__ __forceinline__ RawVec<T, N> load_raw(const T* p) {
+  return *reinterpret_cast<const RawVec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> from_raw(const RawVec<T, N>& raw) {
+  Vec<T, N> v;
+  memcpy(&v, &raw, sizeof(v));
+  return v;
 }
 
 // The same with streaming cache hints (evict first: ld.global.cs / st.global.cs),
