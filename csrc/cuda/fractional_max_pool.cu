@@ -168,20 +168,41 @@ __global__ void __launch_bounds__(kThreads)
     IndexT origin[kCells];
     scalar_t vals[kCells][kWindow > 0 ? kWindow : 1];
     const scalar_t* xp[kCells];
+    if constexpr (KT == 1 && KHW == 3) {
+      // 2d windows unrolled to 3 x 3 (k of 2 or 3, masked to the runtime k): every
+      // load is issued unconditionally, 3-6% faster than masked loads here: cells
+      // past the end load the last cell's window, slots beyond k the window
+      // origin, and the compare loop skips both. (The same for k = 2 windows cost
+      // up to 24 registers and 10-30%: the loop below, as it was, serves them.)
 #pragma unroll
-    for (int c = 0; c < kCells; ++c) {
-      const IndexT q = q0 + IndexT(c) * S;
-      if (q >= total) continue;
-      xp[c] = x + int64_t(fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, origin[c])) * p.in_plane;
-      if constexpr (KHW > 0) {
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = q0 + IndexT(c) * S < total ? q0 + IndexT(c) * S : total - 1;
+        xp[c] = x + int64_t(fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, origin[c])) * p.in_plane;
 #pragma unroll
-        for (int dt = 0; dt < KT; ++dt) {
+        for (int dh = 0; dh < KHW; ++dh) {
 #pragma unroll
-          for (int dh = 0; dh < KHW; ++dh) {
+          for (int dw = 0; dw < KHW; ++dw) {
+            const bool in_window = IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2];
+            vals[c][dh * KHW + dw] = xp[c][origin[c] + (in_window ? IndexT(dh) * p.in[2] + dw : IndexT(0))];
+          }
+        }
+      }
+    } else {
 #pragma unroll
-            for (int dw = 0; dw < KHW; ++dw) {
-              if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
-                vals[c][(dt * KHW + dh) * KHW + dw] = xp[c][origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = q0 + IndexT(c) * S;
+        if (q >= total) continue;
+        xp[c] = x + int64_t(fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, origin[c])) * p.in_plane;
+        if constexpr (KHW > 0) {
+#pragma unroll
+          for (int dt = 0; dt < KT; ++dt) {
+#pragma unroll
+            for (int dh = 0; dh < KHW; ++dh) {
+#pragma unroll
+              for (int dw = 0; dw < KHW; ++dw) {
+                if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
+                  vals[c][(dt * KHW + dh) * KHW + dw] = xp[c][origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
+                }
               }
             }
           }
