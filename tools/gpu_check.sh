@@ -4,7 +4,10 @@
 # benchmark; logs under $OUT, a short summary table last.
 #
 #   STAGES="build test sanitize bench" ONLY=<families, comma-separated> BENCH_ARGS="--full" \
+#   BENCH_CASES="<'|'-separated case-name substrings>" \
 #   SANITIZERS="memcheck racecheck initcheck synccheck" bash tools/gpu_check.sh
+#
+# BENCH_ARGS is split on spaces; case names hold spaces, so they go in BENCH_CASES.
 #
 # Stage `profile` (not in the default list) runs Nsight Compute over the benchmark cases
 # whose names contain one of the '|'-separated PROFILE_CASES substrings, ours and peers.
@@ -83,6 +86,7 @@ if stage bench; then
   start=$(date +%s)
   only_arg=()
   [ -n "$ONLY" ] && only_arg=(--only "$ONLY")
+  [ -n "${BENCH_CASES:-}" ] && only_arg+=(--cases "$BENCH_CASES")
   python3 -m baracuda_ops --device cuda $BENCH_ARGS "${only_arg[@]}" --json "$OUT/bench.json" --plot "$OUT/bench.png" \
     > "$OUT/bench.log" 2>/tmp/bench.err
   rc=$?
