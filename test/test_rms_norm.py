@@ -402,6 +402,14 @@ def test_cuda_variants_follow_row_length():
     if torch.cuda.get_device_capability()[0] >= 9:
         assert variant(65536, torch.bfloat16) == "cluster_row<4x512,16B>"
         assert variant(262144, torch.bfloat16).startswith("cluster_row<8x1024,16B>")
+        # The backward's row groups (its dW partial rows) all run at once: a 512-thread CTA
+        # of this kernel takes a whole SM, so clusters of 4 fit at most num_sms / 4 times
+        # (a grid sized past that leaves a tail wave).
+        plan = baracuda_ops.RMSNormBackwardPlan.select(
+            baracuda_ops.RMSNormBackwardDescriptor((2048, 65536), (65536,), torch.bfloat16, device="cuda"))
+        assert plan.sku().variant.startswith("cluster_row<")
+        partial_rows = plan.workspace_size() // (65536 * 4)
+        assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 4
     assert variant(2**20, torch.float32).startswith("two_pass_row<512,16B>")
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
     one_row = baracuda_ops.RMSNormBackwardPlan.select(

@@ -75,7 +75,12 @@ int pow2_ceil(int64_t v) {
   return p;
 }
 
-RmsChoice choose_rms(int64_t M, int64_t N, int64_t elem, int64_t acc_bytes, bool backward, bool dw) {
+int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
+
+int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward);  // after the kernels
+
+RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward, bool dw) {
+  const int64_t elem = c10::elementSize(dtype), acc_bytes = acc_bytes_of(dtype);
   RmsChoice c;
   if (M == 0 || N == 0) return c;
   c.empty = false;
@@ -116,13 +121,15 @@ RmsChoice choose_rms(int64_t M, int64_t N, int64_t elem, int64_t acc_bytes, bool
       c.smem = 0;
     }
   }
-  // Resident CTAs per SM (an estimate; only the grid size depends on it). The
-  // backward aims at half the threads an SM can hold: enough loads in flight,
-  // and fewer dW partial rows to write and sum.
-  const int64_t threads_per_sm = backward ? 1024 : 2048;
-  int64_t per_sm = std::clamp<int64_t>(threads_per_sm / c.block, 1, 32);
-  if (c.smem > 0) per_sm = std::max<int64_t>(1, std::min<int64_t>(per_sm, max_smem_optin() / (c.smem + 1024)));
-  const int64_t resident = std::max<int64_t>(1, int64_t(cuda::num_sms()) * per_sm / c.cluster);
+  // Row groups (CTAs or clusters) in flight: what the device runs at once, and in
+  // the backward at most half the threads an SM can hold (enough loads in flight,
+  // fewer dW partial rows to write and sum). A grid larger than what runs at once
+  // leaves a tail wave; with clusters that can halve the speed.
+  int64_t resident = resident_row_groups(c, dtype, backward);
+  if (backward) {
+    const int64_t per_sm = std::clamp<int64_t>(1024 / c.block, 1, 32);
+    resident = std::min(resident, std::max<int64_t>(1, int64_t(cuda::num_sms()) * per_sm / c.cluster));
+  }
   const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
   // Forward: up to 8 waves, the rest by grid-stride. Backward: one wave, each
   // row group accumulating dW for the rows it visits.
@@ -566,7 +573,31 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
   }
 }
 
-int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
+// For half inputs the smaller count of the two weight types' kernels: the
+// choice, and so the dW workspace a Plan reports, cannot depend on the weight.
+int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward) {
+  int64_t resident = std::numeric_limits<int64_t>::max();
+  BARACUDA_DISPATCH_FLOATING(dtype, "rms_norm_resident", [&] {
+    const auto with_weight = [&](auto w_tag) {
+      using W = decltype(w_tag);
+      with_vec<scalar_t>(c, [&](auto v_tag) {
+        constexpr int V = decltype(v_tag)::value;
+        int64_t n = 0;
+        if (c.looped) {
+          n = backward ? cuda::resident_groups(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0)
+                       : cuda::resident_groups(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0);
+        } else {
+          n = backward ? cuda::resident_groups(rms_norm_bwd_kernel<scalar_t, W, acc_t, V>, c.block, c.cluster, c.smem)
+                       : cuda::resident_groups(rms_norm_fwd_kernel<scalar_t, W, acc_t, V>, c.block, c.cluster, c.smem);
+        }
+        resident = std::min(resident, n);
+      });
+    };
+    with_weight(scalar_t{});
+    if constexpr (std::is_same_v<acc_t, float> && !std::is_same_v<scalar_t, float>) with_weight(float{});
+  });
+  return resident;
+}
 
 void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape,
                        const std::optional<at::Tensor>& weight, std::optional<double> eps, const at::Tensor& output,
@@ -583,7 +614,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
     return;
   }
-  const auto c = choose_rms(rows.M, rows.N, input.element_size(), acc_bytes_of(input.scalar_type()), false, false);
+  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), false, false);
   const auto x = cuda::aligned_contiguous(input);
   const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
@@ -641,7 +672,7 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
     return;
   }
   const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
-  const auto c = choose_rms(rows.M, rows.N, input.element_size(), acc_bytes, true, want_dw);
+  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), true, want_dw);
   if (want_dw) check_workspace(op, workspace, dw_workspace_bytes(c, rows.N, acc_bytes), 16, input.device());
   const auto dy = cuda::aligned_contiguous(grad_out);
   const auto x = cuda::aligned_contiguous(input);
@@ -694,8 +725,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad
   if (want_dw) {
     const c10::cuda::CUDAGuard guard(input.device());
     const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
-    need = dw_workspace_bytes(choose_rms(rows.M, rows.N, input.element_size(), acc_bytes, true, true), rows.N,
-                              acc_bytes);
+    need = dw_workspace_bytes(choose_rms(rows.M, rows.N, input.scalar_type(), true, true), rows.N, acc_bytes);
   }
   const auto none = at::empty({0}, input.options());
   rms_norm_backward_out_cuda(grad_out, input, normalized_shape, rstd, weight, output_mask,
@@ -708,7 +738,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad
 KernelChoice rms_norm_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   TORCH_CHECK_VALUE(problem.size() == 2 && problem[0] >= 0 && problem[1] >= 0, kRmsNormOp, ": malformed problem ",
                     problem);
-  const auto c = choose_rms(problem[0], problem[1], c10::elementSize(dtype), acc_bytes_of(dtype), false, false);
+  const auto c = choose_rms(problem[0], problem[1], dtype, false, false);
   return {rms_variant(c, c10::elementSize(dtype), false, false), 0};
 }
 
@@ -717,7 +747,7 @@ KernelChoice rms_norm_backward_choice(c10::IntArrayRef problem, c10::ScalarType 
                     ": malformed problem ", problem);
   const bool dw = problem[2] != 0;
   const int64_t acc_bytes = acc_bytes_of(dtype);
-  const auto c = choose_rms(problem[0], problem[1], c10::elementSize(dtype), acc_bytes, true, dw);
+  const auto c = choose_rms(problem[0], problem[1], dtype, true, dw);
   return {rms_variant(c, c10::elementSize(dtype), true, dw), dw ? dw_workspace_bytes(c, problem[1], acc_bytes) : 0};
 }
 

@@ -8,11 +8,13 @@
 #include <c10/macros/Macros.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -128,6 +130,47 @@ inline int device_attribute(cudaDeviceAttr attr) {
 }
 
 inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+
+// How many CTAs (cluster == 1) or thread-block clusters of `kernel`, launched with
+// `block` threads and `smem` dynamic shared-memory bytes per CTA, the current
+// device runs at once: the largest grid that is a single wave. It counts
+// registers, shared memory, and (for clusters) how CTAs of a cluster must share a
+// GPC, so it can be well below num_sms() * per-SM estimates. At least 1; cached
+// per device and launch shape.
+template <typename... Args>
+int64_t resident_groups(void (*kernel)(Args...), int block, int cluster, int64_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, int, int64_t>, int64_t> cache;
+  const int dev = c10::cuda::current_device();
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), block, cluster, smem);
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (smem > 48 * 1024) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    int n = 0;
+    if (cluster == 1) {
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, static_cast<size_t>(smem)));
+      n *= num_sms();
+    } else {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(cluster));
+      config.blockDim = dim3(block);
+      config.dynamicSmemBytes = static_cast<size_t>(smem);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = cluster;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+    }
+    it = cache.emplace(key, std::max(n, 1)).first;
+  }
+  return it->second;
+}
 
 // Sum across a warp with a fixed butterfly order: every lane gets the same,
 // run-to-run identical result.
