@@ -11,8 +11,8 @@ from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opc
 HALF = (torch.float16, torch.bfloat16)
 
 # (input shape, normalized_shape): tiny and odd rows, multi-dim normalized_shape,
-# rows for each CUDA kernel (sub-warp rows, a row per CTA, a row per cluster, two
-# passes), rows that are not a multiple of the 16-byte vector, zero-size batch
+# rows for each CUDA kernel (sub-warp rows, a row per CTA, a few rows of one vector
+# per thread, a row per cluster, two passes), rows that are not a multiple of the 16-byte vector, zero-size batch
 # and zero-size rows.
 CASES = [
     ((4, 16), (16,)),
@@ -23,6 +23,7 @@ CASES = [
     ((5, 1024), (1024,)),
     ((3, 4097), (4097,)),
     ((6, 3000), (3000,)),
+    ((2, 4096), (4096,)),
     ((2, 70000), (70000,)),
     ((1, 300000), (300000,)),
     ((0, 8), (8,)),
@@ -414,7 +415,16 @@ def test_cuda_variants_follow_row_length():
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
     one_row = baracuda_ops.RMSNormBackwardPlan.select(
         baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, device="cuda"))
-    assert one_row.sku().variant == "cta_row<128,16B>+direct_dw" and one_row.workspace_size() == 0  # one row group
+    assert one_row.sku().variant == "cta_row<512,16B,1 vector/thread>+direct_dw"  # a few rows: one vector/thread
+    assert one_row.workspace_size() == 0  # one row group
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    def fwd_variant(m, n, dtype):
+        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype,
+                                                                             device="cuda")).sku().variant
+
+    assert fwd_variant(sms, 4096, torch.bfloat16) == "cta_row<512,16B,1 vector/thread>"
+    assert fwd_variant(sms + 1, 4096, torch.bfloat16) == "cta_row<128,16B>"
+    assert fwd_variant(8, 8192, torch.bfloat16) == "cta_row<256,16B>"  # 1024 vectors: 4 per thread
 
 
 # ---------------------------------------------------------------------------- schemas and errors

@@ -332,7 +332,7 @@ def self_checks():
 
     def forward(dtype):
         def run(device):
-            for n in (7, 1024, 4096, 65536):
+            for n in (7, 1024, 3000, 4096, 65536):
                 x = torch.randn(6, n, device=device, dtype=dtype)
                 w = torch.randn(n, device=device, dtype=dtype)
                 y = rms_norm(x, (n,), w)
@@ -343,7 +343,7 @@ def self_checks():
 
     def backward(dtype):
         def run(device):
-            for n in (7, 1024, 65536):
+            for n in (7, 1024, 3000, 65536):
                 x = torch.randn(6, n, device=device, dtype=dtype, requires_grad=True)
                 w = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
                 g = torch.randn(6, n, device=device, dtype=dtype)
@@ -395,24 +395,23 @@ def benchmarks(device: torch.device, full: bool):
         def fwd_inputs(m=m, n=n, dt=dt, wt=wt):
             return torch.randn(m, n, device=device, dtype=dt), torch.randn(n, device=device, dtype=wt)
 
+        # Backward inputs: dy, x, w, rstd, and the forward outputs whose autograd graphs the
+        # eager and Liger peers run backward through (built here, with the inputs: an
+        # output first made while a CUDA graph is being captured would pin that graph's
+        # memory pool for the rest of the run).
         def bwd_inputs(m=m, n=n, dt=dt, wt=wt):
             x = torch.randn(m, n, device=device, dtype=dt, requires_grad=True)
             w = torch.randn(n, device=device, dtype=wt, requires_grad=True)
             y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
-            return torch.randn_like(y), x, w, rstd, F.rms_norm(x, [n], w)
+            y_liger = liger.apply(x, w, eps, 0.0, "llama", False) if liger is not None else None
+            return torch.randn_like(y), x, w, rstd, F.rms_norm(x, [n], w), y_liger
 
         fwd_peers = {"eager": lambda x, w, n=n: F.rms_norm(x, [n], w)}
-        bwd_peers = {"eager": lambda g, x, w, rstd, y: torch.autograd.grad(y, (x, w), g, retain_graph=True)}
+        bwd_peers = {"eager": lambda g, x, w, rstd, y, y_liger: torch.autograd.grad(y, (x, w), g, retain_graph=True)}
         if liger is not None:
             fwd_peers["liger"] = lambda x, w: liger.apply(x, w, eps, 0.0, "llama", False)
-
-            def liger_bwd(g, x, w, rstd, y, cache={}):
-                key = (x.data_ptr(), w.data_ptr())
-                if key not in cache:  # the Liger graph is built once per input set, then reused
-                    cache[key] = liger.apply(x, w, eps, 0.0, "llama", False)
-                return torch.autograd.grad(cache[key], (x, w), g, retain_graph=True)
-
-            bwd_peers["liger"] = liger_bwd
+            bwd_peers["liger"] = lambda g, x, w, rstd, y, y_liger: torch.autograd.grad(y_liger, (x, w), g,
+                                                                                       retain_graph=True)
         cases.append(BenchCase(
             "rms_norm", f"rms_norm {tag}", 2 * m * n * e + n * we + m * 4, fwd_inputs,
             ours=lambda x, w, n=n: torch.ops.baracuda.rms_norm(x, [n], w, None),
@@ -421,10 +420,11 @@ def benchmarks(device: torch.device, full: bool):
         ))
         cases.append(BenchCase(
             "rms_norm", f"rms_norm_backward {tag}", 3 * m * n * e + m * 4 + 2 * n * we, bwd_inputs,
-            ours=lambda g, x, w, rstd, y, n=n: torch.ops.baracuda.rms_norm_backward(
+            ours=lambda g, x, w, rstd, y, y_liger, n=n: torch.ops.baracuda.rms_norm_backward(
                 g, x.detach(), [n], rstd, w.detach(), [True, True]),
             peers=bwd_peers,
-            compile_peer=lambda g, x, w, rstd, y, n=n, mixed=wt != dt: _mixed_backward(g, x.detach(), w.detach(), rstd)
+            compile_peer=lambda g, x, w, rstd, y, y_liger, n=n, mixed=wt != dt: _mixed_backward(g, x.detach(),
+                                                                                                w.detach(), rstd)
             if mixed else torch.ops.aten._fused_rms_norm_backward(g, x.detach(), [n], rstd, w.detach(), [True, True]),
         ))
     return cases

@@ -3,9 +3,11 @@
 // The input is [M, N] rows. A row is split over `row_threads = group * cluster`
 // threads: `group` threads of one CTA (a sub-warp when several rows share a CTA,
 // else the whole CTA), times `cluster` CTAs of a thread-block cluster (sm_90) for
-// long rows. Thread u of a row holds vectors q = j * row_threads + u (j < kVpt) of
+// long rows. Thread u of a row holds vectors q = j * row_threads + u (j < Vpt) of
 // V elements in registers, so x (and dy) are read from memory exactly once; the
-// row's sum is a fixed-order shuffle / block / cluster reduction. Rows longer than
+// row's sum is a fixed-order shuffle / block / cluster reduction. Vpt = kVpt = 4,
+// except for a few latency-bound rows (no more than one CTA per SM): Vpt = 1, a
+// thread per vector, up to 512, and w loaded together with x. Rows longer than
 // kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use a two-pass
 // kernel that reads x (and dy) twice.
 //
@@ -42,7 +44,7 @@ namespace {
 namespace cg = cooperative_groups;
 using cuda::ceil_div;
 
-constexpr int kVpt = 4;              // vectors each thread keeps in registers
+constexpr int kVpt = 4;              // vectors each thread keeps in registers (the `Vpt` of most launches)
 constexpr int kMaxThreads = 1024;    // largest CTA of the forward register kernel
 constexpr int kBwdMaxThreads = 512;  // backward: x and dy in registers need up to 128 per thread
 constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
@@ -65,6 +67,7 @@ struct RmsChoice {
   int group = 1;         // threads per row inside a CTA
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
+  int vpt = kVpt;        // vectors per thread: kVpt, or 1 for a few latency-bound rows
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
 };
@@ -112,8 +115,17 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     }
     c.group = c.block;
   }
+  // A few rows, a CTA each, no more CTAs than SMs: latency-bound, so the row is
+  // spread over one thread per vector (up to 512; 1024-thread CTAs measured
+  // slower than 256 threads of 4 vectors), which the kernels take as their cue
+  // to load w together with x.
+  if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= kBwdMaxThreads && M <= cuda::num_sms()) {
+    c.vpt = 1;
+    c.cluster = 1;
+    c.block = c.group = static_cast<int>(ceil_div<int64_t>(nv, 32) * 32);
+  }
   if (backward && dw && !c.looped) {
-    c.smem = int64_t(c.block) * kVpt * c.vec * acc_bytes;
+    c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
     if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
       c.looped = true;
       c.block = c.group = kLoopedThreads;
@@ -131,9 +143,9 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     resident = std::min(resident, std::max<int64_t>(1, int64_t(cuda::num_sms()) * per_sm / c.cluster));
   }
   const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
-  // Forward: up to 8 waves, the rest by grid-stride. Backward: one wave, each
+  // Forward: up to 16 waves, the rest by grid-stride. Backward: one wave, each
   // row group accumulating dW for the rows it visits.
-  c.clusters = std::min(row_groups, backward ? resident : 8 * resident);
+  c.clusters = std::min(row_groups, backward ? resident : 16 * resident);
   return c;
 }
 
@@ -154,7 +166,7 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
         vec + ">";
   } else if (c.cluster == 1) {
-    v = "cta_row<" + std::to_string(c.block) + "," + vec + ">";
+    v = "cta_row<" + std::to_string(c.block) + "," + vec + (c.vpt == 1 ? ",1 vector/thread" : "") + ">";
   } else {
     v = "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec + ">";
   }
@@ -260,7 +272,7 @@ struct RowLayout {
 //   rstd = 1 / sqrt(ss / N + eps);  y_i = T(x_i * rstd * w_i)
 // x is read once (kept in registers between the two steps); rstd written by u == 0.
 
-template <typename T, typename W, typename AccT, int V>
+template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                         AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps) {
@@ -272,9 +284,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
     const bool live = row < M;
-    cuda::Vec<T, V> xv[kVpt];
+    cuda::Vec<T, V> xv[Vpt];
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (live && q < nv) {
         xv[j] = cuda::load_vec<T, V>(x + row * N + int64_t(q) * V);
@@ -282,9 +294,15 @@ __global__ void __launch_bounds__(kMaxThreads)
         zero_vec(xv[j]);
       }
     }
+    // One vector per thread (latency-bound rows): w is loaded with x, so its
+    // latency does not follow the reduction's.
+    AccT w_early[V];
+    if constexpr (Vpt == 1) {
+      if (live && L.u < nv) load_weight<AccT, W, V>(w, int64_t(L.u) * V, w_early);
+    }
     AccT ss = 0;
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const AccT a = static_cast<AccT>(xv[j].v[i]);
@@ -295,11 +313,16 @@ __global__ void __launch_bounds__(kMaxThreads)
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
     if (live && L.u == 0) rstd[row] = r;
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (live && q < nv) {
         AccT wv[V];
-        load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+        if constexpr (Vpt == 1) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) wv[i] = w_early[i];
+        } else {
+          load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+        }
         cuda::Vec<T, V> out;
 #pragma unroll
         for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(static_cast<AccT>(xv[j].v[i]) * r * wv[i]);
@@ -320,13 +343,13 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
 
-template <typename T, typename W, typename AccT, int V>
+template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kBwdMaxThreads)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster) {
   extern __shared__ __align__(16) unsigned char rms_smem[];
-  AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [kVpt * V][blockDim.x]
+  AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
   const RowLayout L(group, cluster);
@@ -334,15 +357,15 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
   if (want_dw) {
 #pragma unroll
-    for (int k = 0; k < kVpt * V; ++k) acc[k * blockDim.x + threadIdx.x] = AccT(0);
+    for (int k = 0; k < Vpt * V; ++k) acc[k * blockDim.x + threadIdx.x] = AccT(0);
   }
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
     const bool live = row < M;
-    cuda::Vec<T, V> xv[kVpt], gv[kVpt];
+    cuda::Vec<T, V> xv[Vpt], gv[Vpt];
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (live && q < nv) {
         xv[j] = cuda::load_vec<T, V>(x + row * N + int64_t(q) * V);
@@ -355,7 +378,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
     const AccT r = live ? rstd[row] : AccT(0);
     AccT s = 0;
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (q < nv) {
         AccT wv[V];
@@ -367,7 +390,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
     s = row_sum(s, group, cluster, scratch, slots, parity);
     const AccT k = r * r * r * s / static_cast<AccT>(N);
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (!live || q >= nv) continue;
       if (dx != nullptr) {
@@ -392,7 +415,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
   if (want_dw && L.rows_per_cta == 1) {
     // One row per CTA: a thread's own slots are its columns' sums.
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) {
+    for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (q >= nv) continue;
 #pragma unroll
@@ -409,7 +432,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
     __syncthreads();
     // Slot (j, t, i) of this CTA is column (j * row_threads + rank * group + t) * V + i;
     // consecutive slots are consecutive columns, so the writes coalesce.
-    const int slots_per_cta = kVpt * V * group;
+    const int slots_per_cta = Vpt * V * group;
     for (int slot = threadIdx.x; slot < slots_per_cta; slot += blockDim.x) {
       const int j = slot / (group * V);
       const int t = (slot / V) % group;
@@ -573,6 +596,16 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
   }
 }
 
+// Calls fn(std::integral_constant<int, Vpt>) with the chosen vectors per thread of
+// the register kernels (1 is only instantiated for 16-byte vectors).
+template <typename T, int V, typename Fn>
+void with_vpt(const RmsChoice& c, Fn&& fn) {
+  if constexpr (V * sizeof(T) == 16) {
+    if (c.vpt == 1) return fn(std::integral_constant<int, 1>{});
+  }
+  fn(std::integral_constant<int, kVpt>{});
+}
+
 // For half inputs the smaller count of the two weight types' kernels: the
 // choice, and so the dW workspace a Plan reports, cannot depend on the weight.
 int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward) {
@@ -587,8 +620,12 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
           n = backward ? cuda::resident_groups(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0)
                        : cuda::resident_groups(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0);
         } else {
-          n = backward ? cuda::resident_groups(rms_norm_bwd_kernel<scalar_t, W, acc_t, V>, c.block, c.cluster, c.smem)
-                       : cuda::resident_groups(rms_norm_fwd_kernel<scalar_t, W, acc_t, V>, c.block, c.cluster, c.smem);
+          with_vpt<scalar_t, V>(c, [&](auto vpt_tag) {
+            constexpr int Vpt = decltype(vpt_tag)::value;
+            n = backward
+                    ? cuda::resident_groups(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem)
+                    : cuda::resident_groups(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem);
+          });
         }
         resident = std::min(resident, n);
       });
@@ -631,8 +668,11 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
           launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, xp, wp, yp, rp,
                  rows.M, rows.N, static_cast<acc_t>(e));
         } else {
-          launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V>, c.clusters * c.cluster, c.block, c.cluster, 0, xp, wp,
-                 yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e));
+          with_vpt<scalar_t, V>(c, [&](auto vpt_tag) {
+            launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>, c.clusters * c.cluster,
+                   c.block, c.cluster, 0, xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
+                   static_cast<acc_t>(e));
+          });
         }
       });
     });
@@ -695,8 +735,11 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
           launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, gp, xp, rp, wp, dxp,
                  parts, rows.M, rows.N);
         } else {
-          launch(rms_norm_bwd_kernel<scalar_t, W, acc_t, V>, c.clusters * c.cluster, c.block, c.cluster, c.smem, gp,
-                 xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster);
+          with_vpt<scalar_t, V>(c, [&](auto vpt_tag) {
+            launch(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>, c.clusters * c.cluster,
+                   c.block, c.cluster, c.smem, gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N),
+                   c.group, c.cluster);
+          });
         }
         if (want_dw && !direct) {
           const dim3 block(kReduceCols, kReduceSlices);
