@@ -11,9 +11,9 @@ from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opc
 HALF = (torch.float16, torch.bfloat16)
 
 # (input shape, normalized_shape): tiny and odd rows, multi-dim normalized_shape,
-# rows for each CUDA kernel (sub-warp rows, a row per CTA, a few rows of one vector
-# per thread, a row per cluster, two passes), rows that are not a multiple of the 16-byte vector, zero-size batch
-# and zero-size rows.
+# rows for each CUDA kernel (sub-warp rows, a row per CTA, a few rows of one or two
+# vectors per thread, a row per cluster, two passes), rows that are not a multiple of
+# the 16-byte vector, zero-size batch and zero-size rows.
 CASES = [
     ((4, 16), (16,)),
     ((3, 5, 7), (5, 7)),
@@ -24,6 +24,8 @@ CASES = [
     ((3, 4097), (4097,)),
     ((6, 3000), (3000,)),
     ((2, 4096), (4096,)),
+    ((2, 6000), (6000,)),
+    ((3, 2000), (2000,)),
     ((2, 70000), (70000,)),
     ((1, 300000), (300000,)),
     ((0, 8), (8,)),
@@ -424,7 +426,16 @@ def test_cuda_variants_follow_row_length():
 
     assert fwd_variant(sms, 4096, torch.bfloat16) == "cta_row<512,16B,1 vector/thread>"
     assert fwd_variant(sms + 1, 4096, torch.bfloat16) == "cta_row<128,16B>"
-    assert fwd_variant(8, 8192, torch.bfloat16) == "cta_row<256,16B>"  # 1024 vectors: 4 per thread
+    assert fwd_variant(8, 8192, torch.bfloat16) == "cta_row<512,16B,2 vectors/thread>"
+    assert fwd_variant(8, 16384, torch.bfloat16) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
+
+    def bwd_variant(m, n, dtype):
+        return baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor((m, n), (n,), dtype,
+                                                                                             device="cuda")).sku().variant
+
+    # The backward spreads a few rows only up to 8 elements per thread.
+    assert bwd_variant(8, 4096, torch.float32) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
+    assert bwd_variant(8, 8192, torch.bfloat16) == "cta_row<256,16B>+ordered_dw_sum<8 partials>"
 
 
 # ---------------------------------------------------------------------------- schemas and errors

@@ -6,10 +6,11 @@
 // long rows. Thread u of a row holds vectors q = j * row_threads + u (j < Vpt) of
 // V elements in registers, so x (and dy) are read from memory exactly once; the
 // row's sum is a fixed-order shuffle / block / cluster reduction. Vpt = kVpt = 4,
-// except for a few latency-bound rows (no more than one CTA per SM): Vpt = 1, a
-// thread per vector, up to 512, and w loaded together with x. Rows longer than
-// kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use a two-pass
-// kernel that reads x (and dy) twice.
+// except for a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1
+// or 2 (backward: at most 8 elements per thread), so at most 512 threads hold the
+// row, with w loaded together with x and (backward) the dW sums in registers.
+// Rows longer than kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use
+// a two-pass kernel that reads x (and dy) twice.
 //
 // Bytes moved (e = element size, a = rstd size, w = weight bytes):
 //   forward : M*N*e read + M*N*e written + M*a written (+ w, cached)
@@ -67,7 +68,7 @@ struct RmsChoice {
   int group = 1;         // threads per row inside a CTA
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
-  int vpt = kVpt;        // vectors per thread: kVpt, or 1 for a few latency-bound rows
+  int vpt = kVpt;        // vectors per thread: kVpt, or 1 or 2 for a few latency-bound rows
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
 };
@@ -115,16 +116,19 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     }
     c.group = c.block;
   }
-  // A few rows, a CTA each, no more CTAs than SMs: latency-bound, so the row is
-  // spread over one thread per vector (up to 512; 1024-thread CTAs measured
-  // slower than 256 threads of 4 vectors), which the kernels take as their cue
-  // to load w together with x.
-  if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= kBwdMaxThreads && M <= cuda::num_sms()) {
-    c.vpt = 1;
+  // A few rows, a CTA each, no more rows than SMs: latency-bound, so the row is
+  // spread over 1 or 2 vectors per thread, at most 512 threads (1024-thread CTAs
+  // measured slower). The kernels then load w together with x, keep dW sums in
+  // registers and skip the layout's divisions. The backward only takes it with at
+  // most 8 elements per thread (bf16 with 2 vectors, 16 elements, measured slower).
+  const int few_vpt = nv <= kBwdMaxThreads ? 1 : 2;
+  if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= 2 * kBwdMaxThreads && M <= cuda::num_sms() &&
+      (!backward || few_vpt * c.vec <= 8)) {
+    c.vpt = few_vpt;
     c.cluster = 1;
-    c.block = c.group = static_cast<int>(ceil_div<int64_t>(nv, 32) * 32);
+    c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, c.vpt), 32) * 32);
   }
-  if (backward && dw && !c.looped) {
+  if (backward && dw && !c.looped && c.vpt == kVpt) {
     c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
     if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
       c.looped = true;
@@ -166,7 +170,7 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
         vec + ">";
   } else if (c.cluster == 1) {
-    v = "cta_row<" + std::to_string(c.block) + "," + vec + (c.vpt == 1 ? ",1 vector/thread" : "") + ">";
+    v = "cta_row<" + std::to_string(c.block) + "," + vec + (c.vpt < kVpt ? "," + std::to_string(c.vpt) + (c.vpt == 1 ? " vector/thread" : " vectors/thread") : "") + ">";
   } else {
     v = "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec + ">";
   }
@@ -255,6 +259,11 @@ struct RowLayout {
   int64_t first;     // first row of this CTA's row group
   int64_t step;      // rows between two iterations
 
+  // One row per CTA and no cluster (the few-rows launches): no divisions on the
+  // way to the first load.
+  __device__ RowLayout()
+      : g(0), u(threadIdx.x), row_threads(blockDim.x), rank(0), rows_per_cta(1), first(blockIdx.x), step(gridDim.x) {}
+
   __device__ RowLayout(int group, int cluster) {
     rows_per_cta = blockDim.x / group;
     g = threadIdx.x / group;
@@ -276,9 +285,10 @@ template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                         AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps) {
+  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA, no cluster, latency-bound
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
-  const RowLayout L(group, cluster);
+  const RowLayout L = kFewRows ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
@@ -294,11 +304,15 @@ __global__ void __launch_bounds__(kMaxThreads)
         zero_vec(xv[j]);
       }
     }
-    // One vector per thread (latency-bound rows): w is loaded with x, so its
-    // latency does not follow the reduction's.
-    AccT w_early[V];
-    if constexpr (Vpt == 1) {
-      if (live && L.u < nv) load_weight<AccT, W, V>(w, int64_t(L.u) * V, w_early);
+    // Few rows (latency-bound): w is loaded with x, so its latency does not follow
+    // the reduction's.
+    AccT w_early[Vpt][V];
+    if constexpr (kFewRows) {
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (live && q < nv) load_weight<AccT, W, V>(w, int64_t(q) * V, w_early[j]);
+      }
     }
     AccT ss = 0;
 #pragma unroll
@@ -317,9 +331,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       const int q = j * L.row_threads + L.u;
       if (live && q < nv) {
         AccT wv[V];
-        if constexpr (Vpt == 1) {
+        if constexpr (kFewRows) {
 #pragma unroll
-          for (int i = 0; i < V; ++i) wv[i] = w_early[i];
+          for (int i = 0; i < V; ++i) wv[i] = w_early[j][i];
         } else {
           load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
         }
@@ -348,16 +362,27 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster) {
+  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA, no cluster, latency-bound
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
-  const RowLayout L(group, cluster);
+  const RowLayout L = kFewRows ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
+  // This thread's dW sum k (k = j * V + i): a register in the few-rows launches
+  // (a CTA holds one row, nothing to combine), else its slot in `acc`.
+  AccT dw_reg[kFewRows ? Vpt * V : 1];
+  const auto dw_sum = [&](int k) -> AccT& {
+    if constexpr (kFewRows) {
+      return dw_reg[k];
+    } else {
+      return acc[k * blockDim.x + threadIdx.x];
+    }
+  };
   if (want_dw) {
 #pragma unroll
-    for (int k = 0; k < Vpt * V; ++k) acc[k * blockDim.x + threadIdx.x] = AccT(0);
+    for (int k = 0; k < Vpt * V; ++k) dw_sum(k) = AccT(0);
   }
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
@@ -405,14 +430,11 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       }
       if (want_dw) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          acc[(j * V + i) * blockDim.x + threadIdx.x] +=
-              static_cast<AccT>(gv[j].v[i]) * static_cast<AccT>(xv[j].v[i]) * r;
-        }
+        for (int i = 0; i < V; ++i) dw_sum(j * V + i) += static_cast<AccT>(gv[j].v[i]) * static_cast<AccT>(xv[j].v[i]) * r;
       }
     }
   }
-  if (want_dw && L.rows_per_cta == 1) {
+  if (want_dw && (kFewRows || L.rows_per_cta == 1)) {
     // One row per CTA: a thread's own slots are its columns' sums.
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
@@ -420,7 +442,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       if (q >= nv) continue;
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const AccT sum = acc[(j * V + i) * blockDim.x + threadIdx.x];
+        const AccT sum = dw_sum(j * V + i);
         if (dw_direct != nullptr) {
           dw_direct[int64_t(q) * V + i] = static_cast<W>(sum);
         } else {
@@ -597,11 +619,12 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, Vpt>) with the chosen vectors per thread of
-// the register kernels (1 is only instantiated for 16-byte vectors).
+// the register kernels (1 and 2 are only instantiated for 16-byte vectors).
 template <typename T, int V, typename Fn>
 void with_vpt(const RmsChoice& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     if (c.vpt == 1) return fn(std::integral_constant<int, 1>{});
+    if (c.vpt == 2) return fn(std::integral_constant<int, 2>{});
   }
   fn(std::integral_constant<int, kVpt>{});
 }
