@@ -586,24 +586,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 
 template <typename... KernelArgs, typename... Args>
 void launch(void (*kernel)(KernelArgs...), int64_t ctas, int block, int cluster, int64_t smem, Args... args) {
-  if (smem > 32 * 1024) {  // near the 48 KB default, which static shared memory also counts against
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(block);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = c10::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1];
-  if (cluster > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-  }
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  cuda::allow_dynamic_smem(kernel, smem);
+  const cuda::ClusterLaunch launch(ctas, block, cluster, smem, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

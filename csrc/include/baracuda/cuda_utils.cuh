@@ -131,6 +131,40 @@ inline int device_attribute(cudaDeviceAttr attr) {
 
 inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
+// Lets `kernel` take `smem` bytes of dynamic shared memory: past 48 KB it must
+// opt in, and static shared memory counts against the same 48 KB, so from 32 KB.
+template <typename... Args>
+void allow_dynamic_smem(void (*kernel)(Args...), int64_t smem) {
+  if (smem > 32 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+}
+
+// A cudaLaunchKernelEx configuration: `ctas` CTAs of `block` threads with `smem`
+// dynamic shared-memory bytes, grouped in thread-block clusters of `cluster` CTAs
+// (sm_90; 1 = no clusters). Not copyable: config.attrs points into it.
+struct ClusterLaunch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attr[1] = {};
+
+  ClusterLaunch(int64_t ctas, int block, int cluster, int64_t smem, cudaStream_t stream) {
+    config.gridDim = dim3(static_cast<unsigned>(ctas));
+    config.blockDim = dim3(block);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.stream = stream;
+    if (cluster > 1) {
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = cluster;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+    }
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // How many CTAs (cluster == 1) or thread-block clusters of `kernel`, launched with
 // `block` threads and `smem` dynamic shared-memory bytes per CTA, the current
 // device runs at once: the largest grid that is a single wave. It counts
@@ -146,26 +180,14 @@ int64_t resident_groups(void (*kernel)(Args...), int block, int cluster, int64_t
   const std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    if (smem > 48 * 1024) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    }
+    allow_dynamic_smem(kernel, smem);
     int n = 0;
     if (cluster == 1) {
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, static_cast<size_t>(smem)));
       n *= num_sms();
     } else {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>(cluster));
-      config.blockDim = dim3(block);
-      config.dynamicSmemBytes = static_cast<size_t>(smem);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = cluster;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      config.attrs = attr;
-      config.numAttrs = 1;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+      const ClusterLaunch one_cluster(cluster, block, cluster, smem, nullptr);
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &one_cluster.config));
     }
     it = cache.emplace(key, std::max(n, 1)).first;
   }
