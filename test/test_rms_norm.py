@@ -394,11 +394,11 @@ def test_plan_errors(device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_variants_follow_row_length():
-    def variant(n, dtype, backward=False):
+    def variant(n, dtype, backward=False, m=1024):
         if backward:
-            desc = baracuda_ops.RMSNormBackwardDescriptor((1024, n), (n,), dtype, device="cuda")
+            desc = baracuda_ops.RMSNormBackwardDescriptor((m, n), (n,), dtype, device="cuda")
             return baracuda_ops.RMSNormBackwardPlan.select(desc).sku().variant
-        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((1024, n), (n,), dtype, device="cuda")).sku().variant
+        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype, device="cuda")).sku().variant
 
     assert variant(1024, torch.bfloat16).startswith("warp_rows<32 threads/row,8 rows/cta,16B>")
     assert variant(4096, torch.bfloat16) == "cta_row<128,16B>"
@@ -420,22 +420,13 @@ def test_cuda_variants_follow_row_length():
     assert one_row.sku().variant == "cta_row<512,16B,1 vector/thread>+direct_dw"  # a few rows: one vector/thread
     assert one_row.workspace_size() == 0  # one row group
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    def fwd_variant(m, n, dtype):
-        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype,
-                                                                             device="cuda")).sku().variant
-
-    assert fwd_variant(sms, 4096, torch.bfloat16) == "cta_row<512,16B,1 vector/thread>"
-    assert fwd_variant(sms + 1, 4096, torch.bfloat16) == "cta_row<128,16B>"
-    assert fwd_variant(8, 8192, torch.bfloat16) == "cta_row<512,16B,2 vectors/thread>"
-    assert fwd_variant(8, 16384, torch.bfloat16) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
-
-    def bwd_variant(m, n, dtype):
-        return baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor((m, n), (n,), dtype,
-                                                                                             device="cuda")).sku().variant
-
+    assert variant(4096, torch.bfloat16, m=sms) == "cta_row<512,16B,1 vector/thread>"
+    assert variant(4096, torch.bfloat16, m=sms + 1) == "cta_row<128,16B>"
+    assert variant(8192, torch.bfloat16, m=8) == "cta_row<512,16B,2 vectors/thread>"
+    assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
     # The backward spreads a few rows only up to 8 elements per thread.
-    assert bwd_variant(8, 4096, torch.float32) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
-    assert bwd_variant(8, 8192, torch.bfloat16) == "cta_row<256,16B>+ordered_dw_sum<8 partials>"
+    assert variant(4096, torch.float32, backward=True, m=8) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
+    assert variant(8192, torch.bfloat16, backward=True, m=8) == "cta_row<256,16B>+ordered_dw_sum<8 partials>"
 
 
 # ---------------------------------------------------------------------------- schemas and errors

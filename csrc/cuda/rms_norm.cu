@@ -48,6 +48,7 @@ using cuda::ceil_div;
 constexpr int kVpt = 4;              // vectors each thread keeps in registers (the `Vpt` of most launches)
 constexpr int kMaxThreads = 1024;    // largest CTA of the forward register kernel
 constexpr int kBwdMaxThreads = 512;  // backward: x and dy in registers need up to 128 per thread
+constexpr int kBwdFewRowsElems = 8;  // backward few-rows launches: elements per thread, at most
 constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
 constexpr int kMaxCluster = 8;       // portable thread-block cluster size
 constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
@@ -120,10 +121,10 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // spread over 1 or 2 vectors per thread, at most 512 threads (1024-thread CTAs
   // measured slower). The kernels then load w together with x, keep dW sums in
   // registers and skip the layout's divisions. The backward only takes it with at
-  // most 8 elements per thread (bf16 with 2 vectors, 16 elements, measured slower).
+  // most kBwdFewRowsElems per thread (bf16 with 2 vectors, 16 elements, measured slower).
   const int few_vpt = nv <= kBwdMaxThreads ? 1 : 2;
   if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= 2 * kBwdMaxThreads && M <= cuda::num_sms() &&
-      (!backward || few_vpt * c.vec <= 8)) {
+      (!backward || few_vpt * c.vec <= kBwdFewRowsElems)) {
     c.vpt = few_vpt;
     c.cluster = 1;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, c.vpt), 32) * 32);
@@ -170,7 +171,10 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
         vec + ">";
   } else if (c.cluster == 1) {
-    v = "cta_row<" + std::to_string(c.block) + "," + vec + (c.vpt < kVpt ? "," + std::to_string(c.vpt) + (c.vpt == 1 ? " vector/thread" : " vectors/thread") : "") + ">";
+    const std::string spread = c.vpt == kVpt ? ""
+                               : c.vpt == 1  ? ",1 vector/thread"
+                                             : "," + std::to_string(c.vpt) + " vectors/thread";
+    v = "cta_row<" + std::to_string(c.block) + "," + vec + spread + ">";
   } else {
     v = "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec + ">";
   }
@@ -430,7 +434,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       }
       if (want_dw) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) dw_sum(j * V + i) += static_cast<AccT>(gv[j].v[i]) * static_cast<AccT>(xv[j].v[i]) * r;
+        for (int i = 0; i < V; ++i) {
+          dw_sum(j * V + i) += static_cast<AccT>(gv[j].v[i]) * static_cast<AccT>(xv[j].v[i]) * r;
+        }
       }
     }
   }
@@ -604,12 +610,15 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, Vpt>) with the chosen vectors per thread of
-// the register kernels (1 and 2 are only instantiated for 16-byte vectors).
-template <typename T, int V, typename Fn>
+// the register kernels. 1 and 2 are only instantiated where choose_rms can pick
+// them: 16-byte vectors, and in the backward at most kBwdFewRowsElems elements.
+template <typename T, int V, bool kBackward, typename Fn>
 void with_vpt(const RmsChoice& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     if (c.vpt == 1) return fn(std::integral_constant<int, 1>{});
-    if (c.vpt == 2) return fn(std::integral_constant<int, 2>{});
+    if constexpr (!kBackward || 2 * V <= kBwdFewRowsElems) {
+      if (c.vpt == 2) return fn(std::integral_constant<int, 2>{});
+    }
   }
   fn(std::integral_constant<int, kVpt>{});
 }
@@ -619,7 +628,7 @@ void with_vpt(const RmsChoice& c, Fn&& fn) {
 int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward) {
   int64_t resident = std::numeric_limits<int64_t>::max();
   BARACUDA_DISPATCH_FLOATING(dtype, "rms_norm_resident", [&] {
-    const auto with_weight = [&](auto w_tag) {
+    for_each_weight_type<scalar_t>([&](auto w_tag) {
       using W = decltype(w_tag);
       with_vec<scalar_t>(c, [&](auto v_tag) {
         constexpr int V = decltype(v_tag)::value;
@@ -628,18 +637,21 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
           n = backward ? cuda::resident_groups(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0)
                        : cuda::resident_groups(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0);
         } else {
-          with_vpt<scalar_t, V>(c, [&](auto vpt_tag) {
-            constexpr int Vpt = decltype(vpt_tag)::value;
-            n = backward
-                    ? cuda::resident_groups(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem)
-                    : cuda::resident_groups(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem);
-          });
+          if (backward) {
+            with_vpt<scalar_t, V, true>(c, [&](auto vpt_tag) {
+              constexpr int Vpt = decltype(vpt_tag)::value;
+              n = cuda::resident_groups(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem);
+            });
+          } else {
+            with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
+              constexpr int Vpt = decltype(vpt_tag)::value;
+              n = cuda::resident_groups(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem);
+            });
+          }
         }
         resident = std::min(resident, n);
       });
-    };
-    with_weight(scalar_t{});
-    if constexpr (std::is_same_v<acc_t, float> && !std::is_same_v<scalar_t, float>) with_weight(float{});
+    });
   });
   return resident;
 }
@@ -676,7 +688,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
           launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, xp, wp, yp, rp,
                  rows.M, rows.N, static_cast<acc_t>(e));
         } else {
-          with_vpt<scalar_t, V>(c, [&](auto vpt_tag) {
+          with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
             launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>, c.clusters * c.cluster,
                    c.block, c.cluster, 0, xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
                    static_cast<acc_t>(e));
@@ -697,10 +709,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cuda(const at::Tensor& input, at::In
   return {output, rstd};
 }
 
-void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
-                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-                                std::array<bool, 2> output_mask, const at::Tensor& grad_input,
-                                const at::Tensor& grad_weight, const at::Tensor& workspace) {
+// The backward into the outputs. `workspace` is the caller's (checked to hold the
+// dW partials), or none: one of the needed size is allocated (the functional op).
+void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
+                            const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                            std::array<bool, 2> output_mask, const at::Tensor& grad_input,
+                            const at::Tensor& grad_weight, const std::optional<at::Tensor>& workspace) {
   const char* op = kRmsNormBackwardOp;
   const auto rows = check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);
   const bool want_dx = output_mask[0];
@@ -721,7 +735,12 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
   }
   const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
   const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), true, want_dw);
-  if (want_dw) check_workspace(op, workspace, dw_workspace_bytes(c, rows.N, acc_bytes), 16, input.device());
+  at::Tensor ws;
+  if (want_dw) {
+    const int64_t need = dw_workspace_bytes(c, rows.N, acc_bytes);
+    if (workspace.has_value()) check_workspace(op, *workspace, need, 16, input.device());
+    ws = workspace.has_value() ? *workspace : at::empty({need}, input.options().dtype(at::kByte));
+  }
   const auto dy = cuda::aligned_contiguous(grad_out);
   const auto x = cuda::aligned_contiguous(input);
   const auto r = rstd.contiguous();
@@ -737,13 +756,13 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
         const W* wp = w.defined() ? w.const_data_ptr<W>() : nullptr;
         scalar_t* dxp = want_dx ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
         const bool direct = want_dw && dw_direct(c);
-        acc_t* parts = want_dw && !direct ? static_cast<acc_t*>(workspace.mutable_data_ptr()) : nullptr;
+        acc_t* parts = want_dw && !direct ? static_cast<acc_t*>(ws.mutable_data_ptr()) : nullptr;
         W* dwp = direct ? grad_weight.mutable_data_ptr<W>() : nullptr;
         if (c.looped) {
           launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, gp, xp, rp, wp, dxp,
                  parts, rows.M, rows.N);
         } else {
-          with_vpt<scalar_t, V>(c, [&](auto vpt_tag) {
+          with_vpt<scalar_t, V, true>(c, [&](auto vpt_tag) {
             launch(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>, c.clusters * c.cluster,
                    c.block, c.cluster, c.smem, gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N),
                    c.group, c.cluster);
@@ -767,22 +786,24 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad
                                                           at::IntArrayRef normalized_shape, const at::Tensor& rstd,
                                                           const std::optional<at::Tensor>& weight,
                                                           std::array<bool, 2> output_mask) {
-  const auto rows = check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);
+  check_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight);  // before allocating by its shapes
   at::Tensor grad_input, grad_weight;
   if (output_mask[0]) grad_input = at::empty(input.sizes(), input.options());
   const bool want_dw = output_mask[1] && has_tensor(weight);
   if (want_dw) grad_weight = at::empty(normalized_shape, weight->options());
-  int64_t need = 0;
-  if (want_dw) {
-    const c10::cuda::CUDAGuard guard(input.device());
-    const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
-    need = dw_workspace_bytes(choose_rms(rows.M, rows.N, input.scalar_type(), true, true), rows.N, acc_bytes);
-  }
   const auto none = at::empty({0}, input.options());
-  rms_norm_backward_out_cuda(grad_out, input, normalized_shape, rstd, weight, output_mask,
-                             grad_input.defined() ? grad_input : none, grad_weight.defined() ? grad_weight : none,
-                             at::empty({need}, input.options().dtype(at::kByte)));
+  rms_norm_backward_into(grad_out, input, normalized_shape, rstd, weight, output_mask,
+                         grad_input.defined() ? grad_input : none, grad_weight.defined() ? grad_weight : none,
+                         std::nullopt);
   return {grad_input, grad_weight};
+}
+
+void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
+                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                std::array<bool, 2> output_mask, const at::Tensor& grad_input,
+                                const at::Tensor& grad_weight, const at::Tensor& workspace) {
+  rms_norm_backward_into(grad_out, input, normalized_shape, rstd, weight, output_mask, grad_input, grad_weight,
+                         workspace);
 }
 
 // problem = [M, N] (forward), [M, N, computes grad_weight] (backward)

@@ -112,4 +112,12 @@ void with_weight_type(const at::Tensor& input, const std::optional<at::Tensor>& 
   fn(scalar_t{});
 }
 
+// Calls fn(W{}) for every weight type a scalar_t input admits: scalar_t, and
+// float for a float16/bfloat16 input.
+template <typename scalar_t, typename Fn>
+void for_each_weight_type(Fn&& fn) {
+  fn(scalar_t{});
+  if constexpr (std::is_same_v<at::opmath_type<scalar_t>, float> && !std::is_same_v<scalar_t, float>) fn(float{});
+}
+
 }  // namespace baracuda
