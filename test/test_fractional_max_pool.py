@@ -69,20 +69,30 @@ def test_forward_bit_exact_sweep(device, dims, dtype):
         assert torch.equal(y, ry), (shape, k, out)
 
 
-@pytest.mark.parametrize("dims, shape, k, out", [
-    (2, (32, 64, 96, 96), (2, 2), (48, 48)),
-    (2, (16, 64, 96, 96), (3, 2), (47, 60)),
-    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20)),
+@pytest.mark.parametrize("dims, shape, k, out, variant", [
+    (2, (32, 64, 96, 96), (2, 2), (48, 48), "k=2,start table,4"),
+    (2, (8, 64, 64, 64), (3, 3), (40, 40), "k=3,start table,2"),
+    (2, (16, 64, 96, 96), (3, 2), (47, 60), "any k,start table,1"),
+    (2, (2, 3, 4, 9000), (2, 2), (2, 4400), "k=2,inline starts,4"),
+    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16), "k=2,start table,4"),
+    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10), "k=3,start table,2"),
+    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20), "any k,start table,1"),
+    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500), "any k,inline starts,1"),
 ])
-def test_forward_bit_exact_large_grid(device, dims, shape, k, out):
-    # Several output cells per thread and more cells than one pass of the capped grid.
+def test_forward_bit_exact_large_grid(device, dims, shape, k, out, variant):
+    # Every CUDA kernel variant; several segments per plane, planes per block, and
+    # segments that end past the plane.
     if device.type != "cuda":
-        pytest.skip("grid-stride coverage of the CUDA kernel; the CPU path is covered by the sweep")
-    x = random(shape, torch.bfloat16, device)
-    s = _samples(x, dims)
-    y, i = _fw(dims)(x, list(k), list(out), s)
-    ry, ri = _torch(dims, x, k, out, s)
-    assert torch.equal(i, ri) and torch.equal(y, ry)
+        pytest.skip("coverage of the CUDA kernel variants; the CPU path is covered by the sweep")
+    desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.bfloat16, device)
+    plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dPlan").select(desc)
+    assert plan.sku().variant == f"window_max<i32,{variant} cells/thread>"
+    for dtype in (torch.bfloat16, torch.float32):
+        x = random(shape, dtype, device)
+        s = _samples(x, dims)
+        y, i = _fw(dims)(x, list(k), list(out), s)
+        ry, ri = _torch(dims, x, k, out, s)
+        assert torch.equal(i, ri) and torch.equal(y, ry)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -343,8 +353,9 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     assert torch.equal(y, ry) and torch.equal(i, ri)
     sku = plan.sku()
     assert sku.op == f"fractional_max_pool{dims}d" and sku.index_dtype == torch.int64
-    cells = 2  # k <= 3: windows of 9 / 27 elements, all loaded before the compares (4 cells up to 8)
-    assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else f"window_max<i32,k<=3,{cells} cells/thread>")
+    # kernel sizes differ between axes: windows scanned in loops, one cell per thread
+    cuda_variant = "window_max<i32,any k,start table,1 cells/thread>"
+    assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else cuda_variant)
     assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == dtype
 
     bplan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)

@@ -232,7 +232,15 @@ class _FractionalMaxPoolPlanBase(Plan):
 
 
 class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
-    """Writes the pooled output and the int64 per-plane indices into ``args``."""
+    """Writes the pooled output and the int64 per-plane indices into ``args``.
+
+    Variants: CPU ``cpu_plane_window_max``. CUDA
+    ``window_max<i32|i64,k=2|k=3|any k,start table|inline starts,N cells/thread>``: windows
+    unrolled when every pooled axis has kernel size 2 or 3 (all of a thread's window loads
+    issued before the first compare), scanned in loops otherwise; each block keeps its
+    plane's window starts in shared memory unless the output axes hold more than 4096 cells
+    together. No workspace.
+    """
 
     def precision_guarantee(self) -> PrecisionGuarantee:
         # A selection, not arithmetic: exact in every dtype.
@@ -319,15 +327,23 @@ def _torch_functional(dims: int):
 def self_checks():
     from ..bench import SelfCheck
 
+    # (shape, kernel, output): each CUDA forward variant (kernel sizes that differ by axis,
+    # uniform 2 and 3; the last has more than 4096 output rows + columns: no start table)
+    forward_problems = {
+        2: [((2, 3, 23, 19), (3, 2), (10, 12)), ((2, 3, 23, 19), (2, 2), (11, 9)),
+            ((2, 3, 23, 19), (3, 3), (10, 8)), ((1, 2, 3, 4200), (2, 2), (2, 4100))],
+        3: [((2, 3, 9, 11, 10), (2, 3, 2), (5, 6, 7)), ((2, 3, 9, 11, 10), (2, 2, 2), (4, 5, 6)),
+            ((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((1, 2, 3, 4, 4200), (1, 1, 2), (2, 3, 4100))],
+    }
+
     def forward(dims, dtype):
         def run(device):
-            shape = (2, 3, 23, 19) if dims == 2 else (2, 3, 9, 11, 10)
-            k, out = ((3, 2), (10, 12)) if dims == 2 else ((2, 3, 2), (5, 6, 7))
-            x = torch.randn(shape, device=device).to(dtype)
-            s = torch.rand(2, 3, dims, device=device).to(dtype)
-            y, i = _functional(dims, x, k, out, None, True, s)
-            ry, ri = _torch_functional(dims)(x, k, output_size=out, _random_samples=s, return_indices=True)
-            assert torch.equal(i, ri) and torch.equal(y, ry), "output or indices != PyTorch's"
+            for shape, k, out in forward_problems[dims]:
+                x = torch.randn(shape, device=device).to(dtype)
+                s = torch.rand(shape[0], shape[1], dims, device=device).to(dtype)
+                y, i = _functional(dims, x, k, out, None, True, s)
+                ry, ri = _torch_functional(dims)(x, k, output_size=out, _random_samples=s, return_indices=True)
+                assert torch.equal(i, ri) and torch.equal(y, ry), f"output or indices != PyTorch's at {shape}, k={k}"
 
         return run
 

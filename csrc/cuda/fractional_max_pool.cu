@@ -34,19 +34,28 @@ constexpr int64_t kTileBytes = 64 * 1024;  // backward: acc_t accumulator of one
 // by the Plan API (through the variant registry).
 
 constexpr int64_t kInt31 = int64_t(1) << 31;
+// Forward: a block tabulates its plane's window starts in shared memory when the
+// output axes together have at most this many cells (else each cell computes its own).
+constexpr int64_t kMaxStartTable = 4096;
 
 struct FmpChoice {
   bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
-  int kmax;      // forward: windows up to kmax per axis unrolled (2 or 3); 0: any size, scanned in loops
+  int k;         // forward: 2 or 3 when every pooled axis has that kernel size (windows unrolled); 0: loops
+  bool table;    // forward: window starts tabulated per plane in shared memory
 };
 
 FmpChoice choose_fmp(const FmpGeometry& g) {
   bool fits = g.planes() * g.in_plane() < kInt31 && g.planes() * g.out_plane() < kInt31;
   // Backward reach and cell-range math multiplies (x + k + 3) * out-sized values.
   for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + g.k[a] + 3) * (g.out[a] + 1) < kInt31;
-  const int64_t k = std::max({g.k[0], g.k[1], g.k[2]});
+  int k = 0;
+  for (int kk : {2, 3}) {
+    bool all = true;
+    for (int a = 3 - g.dims; a < 3; ++a) all = all && g.k[a] == kk;
+    if (all) k = kk;
+  }
   // Unrolled windows only with 32-bit indices (64-bit problems take the loops).
-  return {fits, !fits ? 0 : (k <= 2 ? 2 : (k <= 3 ? 3 : 0))};
+  return {fits, fits ? k : 0, g.out[0] + g.out[1] + g.out[2] <= kMaxStartTable};
 }
 
 // Output cells per thread in the forward: enough window loads in flight to cover
@@ -96,11 +105,13 @@ int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpBackwardChoi
   return g.planes() * c.tiles * int64_t(sizeof(int32_t));
 }
 
+constexpr int fmp_window(int dims, int k) { return k == 0 ? 0 : (dims == 3 ? k * k * k : k * k); }
+
 std::string fmp_variant(const FmpChoice& c, int dims) {
-  const int window = c.kmax == 0 ? 0 : (dims == 3 ? c.kmax * c.kmax * c.kmax : c.kmax * c.kmax);
-  const std::string k = c.kmax == 0 ? "any k" : "k<=" + std::to_string(c.kmax);
+  const std::string k = c.k == 0 ? "any k" : "k=" + std::to_string(c.k);
   return std::string("window_max<") + (c.index32 ? "i32" : "i64") + "," + k + "," +
-         std::to_string(fmp_cells_per_thread(window)) + " cells/thread>";
+         (c.table ? "start table" : "inline starts") + "," +
+         std::to_string(fmp_cells_per_thread(fmp_window(dims, c.k))) + " cells/thread>";
 }
 
 std::string fmp_backward_variant(const FmpBackwardChoice& c) {
@@ -108,152 +119,174 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 }
 
 // ---------------------------------------------------------------------------
-// Forward. Output cell q = ((plane * outT + ot) * outH + oh) * outW + ow:
-//   start_a = fmp_start<acc_t>(sample[plane][slot_a], o_a, in_a, out_a, k_a)  (PyTorch's CUDA formula;
+// Forward. For plane (n, c) and output cell (ot, oh, ow) of that plane:
+//   start_a = fmp_start<acc_t>(sample[plane][slot_a], o_a, in_a, out_a, k_a)   (PyTorch's CUDA formula;
 //             alpha per axis computed once on the host, the same IEEE division)
-//   y[q] = first max over the window of x[plane] in (t, h, w) order
-//          (val > best || isnan(val), from -inf),
-//   idx[q] = (t * inH + h) * inW + w of that element (window's first element if all are -inf).
-// A thread takes kCells cells q, q + S, ... (S = threads in the grid; consecutive
-// threads take consecutive cells, so loads and stores coalesce). With KT x KHW x KHW
-// windows known at compile time (KHW > 0; cells beyond the runtime k masked), every
-// window element of all kCells cells is loaded before the first compare, so
-// kCells * k^d loads are in flight per thread. KHW == 0: any k, one cell per
+//   y   = first max over the window [start_a, start_a + k_a) of x[plane], in (t, h, w) order
+//         (val > best || isnan(val), from -inf),
+//   idx = (t * inH + h) * inW + w of that element (the window's first element if all are -inf).
+// Work items are (plane, segment) pairs, a segment being kThreads * kCells consecutive
+// cells of one plane. Each block walks a contiguous range of items (one wave of
+// blocks), and thread j takes cells j, j + kThreads, ... of the segment, so loads and
+// stores coalesce. With a start table the block computes its plane's window starts
+// (outT + outH + outW values) into shared memory when the plane changes, and a cell's
+// window origin costs one division by a constant (two in 3d) and two or three shared
+// loads; without one (huge axes) each cell evaluates the formula. With K > 0 (every
+// pooled axis has k = K) every window element of the thread's kCells cells is loaded
+// before the first compare, kCells * K^Dims loads in flight; cells past the plane's
+// end load the last cell's window and store nothing. K == 0: any k, one cell per
 // thread, scanned in loops. 64-bit indices are stored as PyTorch returns them.
-// (Runs of consecutive cells per thread, which share the row's index math, measured
-// slower: each load and store instruction then spans 4x the lines. The load and the
-// compare loops are written out: one shared visitor lambda cost 3d k = 2 seven
-// registers and 12%; see docs/PERFORMANCE.md.)
+// (Tried and slower: runs of consecutive cells per thread, whose loads span 4x the
+// lines; one window visitor shared by the load and compare loops: see
+// docs/PERFORMANCE.md.)
 
 template <typename IndexT, typename acc_t>
 struct FmpForwardParams {
   IndexT in[3], out[3], k[3];
-  acc_t alpha[3];  // fmp_alpha<acc_t>(in, out, k) per axis
-  int sample_slot[3];
-  int dims;  // samples per plane
-  IntDivider<IndexT> out_w, out_h, out_plane;
-  IndexT in_plane;
+  acc_t alpha[3];      // fmp_alpha<acc_t>(in, out, k) per axis
+  int sample_slot[3];  // -1: none (2d's T)
+  int dims;            // samples per plane
+  IntDivider<IndexT> out_w, out_h;
+  IndexT in_plane, out_plane;
+  IndexT segment_cells, segments;  // cells of a segment, segments of a plane
+  int64_t items, items_per_block;  // planes * segments; contiguous items per block
+  bool table;                      // window starts tabulated in shared memory
 };
 
-// Plane of cell q and the (t, h, w) origin of its window.
+// Window start along axis a of output row/column o of the plane whose samples are u.
 template <typename scalar_t, typename acc_t, typename IndexT>
-__device__ __forceinline__ IndexT fmp_window_origin(const scalar_t* __restrict__ samples,
-                                                    const FmpForwardParams<IndexT, acc_t>& p, IndexT q,
-                                                    IndexT& origin) {
-  const auto pq = p.out_plane.divmod(q);
-  const auto wq = p.out_w.divmod(pq.mod);
-  const auto hq = p.out_h.divmod(wq.div);
-  const IndexT o[3] = {hq.div, hq.mod, wq.mod};
-  IndexT start[3];
-#pragma unroll
-  for (int a = 0; a < 3; ++a) {
-    const int slot = p.sample_slot[a];
-    const acc_t u = slot < 0 ? acc_t(0) : static_cast<acc_t>(samples[int64_t(pq.div) * p.dims + slot]);
-    start[a] = static_cast<IndexT>(fmp_start_from<acc_t>(u, p.alpha[a], fmp_trunc<acc_t>(u * p.alpha[a]),
-                                                         int64_t(o[a]), p.in[a], p.out[a], p.k[a]));
-  }
-  origin = (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
-  return pq.div;
+__device__ __forceinline__ IndexT fmp_axis_start(const FmpForwardParams<IndexT, acc_t>& p,
+                                                 const scalar_t* __restrict__ u, int a, IndexT o) {
+  const acc_t sample = p.sample_slot[a] < 0 ? acc_t(0) : static_cast<acc_t>(u[p.sample_slot[a]]);
+  return static_cast<IndexT>(fmp_start_from<acc_t>(sample, p.alpha[a], fmp_trunc<acc_t>(sample * p.alpha[a]),
+                                                   int64_t(o), p.in[a], p.out[a], p.k[a]));
 }
 
-template <typename scalar_t, typename acc_t, typename IndexT, int KT, int KHW>
+// Plane-relative offset of the first element of cell q's window. The start table
+// holds [T starts (3d only)][H starts][W starts].
+template <int Dims, typename scalar_t, typename acc_t, typename IndexT>
+__device__ __forceinline__ IndexT fmp_window_origin(const FmpForwardParams<IndexT, acc_t>& p,
+                                                    const IndexT* table, const scalar_t* __restrict__ u, IndexT q) {
+  const auto wq = p.out_w.divmod(q);
+  IndexT o[3] = {0, wq.div, wq.mod};
+  if constexpr (Dims == 3) {
+    const auto hq = p.out_h.divmod(wq.div);
+    o[0] = hq.div;
+    o[1] = hq.mod;
+  }
+  const IndexT off_h = Dims == 3 ? p.out[0] : IndexT(0);
+  IndexT start[3] = {0, 0, 0};
+#pragma unroll
+  for (int a = 3 - Dims; a < 3; ++a) {
+    start[a] = table != nullptr ? table[(a == 0 ? 0 : (a == 1 ? off_h : off_h + p.out[1])) + o[a]]
+                                : fmp_axis_start<scalar_t, acc_t, IndexT>(p, u, a, o[a]);
+  }
+  return (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
+}
+
+template <typename scalar_t, typename acc_t, typename IndexT, int Dims, int K>
 __global__ void __launch_bounds__(kThreads)
     fmp_forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ samples,
-                       scalar_t* __restrict__ y, int64_t* __restrict__ idx, FmpForwardParams<IndexT, acc_t> p,
-                       IndexT total) {
-  constexpr int kWindow = KT * KHW * KHW;
+                       scalar_t* __restrict__ y, int64_t* __restrict__ idx, FmpForwardParams<IndexT, acc_t> p) {
+  constexpr int KT = Dims == 3 ? K : 1;  // unrolled window extent along T (K > 0)
+  constexpr int kWindow = fmp_window(Dims, K);
   constexpr int kCells = fmp_cells_per_thread(kWindow);
-  const IndexT S = IndexT(gridDim.x) * kThreads;
-  for (IndexT q0 = IndexT(blockIdx.x) * kThreads + threadIdx.x; q0 < total; q0 += S * kCells) {
-    IndexT origin[kCells];
-    scalar_t vals[kCells][kWindow > 0 ? kWindow : 1];
-    const scalar_t* xp[kCells];
-    if constexpr (KT == 1 && KHW == 3) {
-      // 2d windows unrolled to 3 x 3 (k of 2 or 3, masked to the runtime k): every
-      // load is issued unconditionally, 3-6% faster than masked loads here: cells
-      // past the end load the last cell's window, slots beyond k the window
-      // origin, and the compare loop skips both. (The same for k = 2 windows cost
-      // up to 24 registers and 10-30%: the loop below, as it was, serves them.)
+  extern __shared__ __align__(16) unsigned char fmp_smem[];
+  IndexT* const table = p.table ? reinterpret_cast<IndexT*>(fmp_smem) : nullptr;
+  const IndexT off_h = Dims == 3 ? p.out[0] : IndexT(0);
+
+  const int64_t first = int64_t(blockIdx.x) * p.items_per_block;
+  const int64_t last = std::min(first + p.items_per_block, p.items);
+  int64_t plane = first / p.segments;
+  IndexT segment = static_cast<IndexT>(first - plane * p.segments);
+  int64_t table_plane = -1;
+  for (int64_t item = first; item < last; ++item) {
+    const scalar_t* const u = samples + plane * p.dims;
+    if (table != nullptr && plane != table_plane) {
+      __syncthreads();  // the previous plane's starts are no longer read
 #pragma unroll
-      for (int c = 0; c < kCells; ++c) {
-        const IndexT q = q0 + IndexT(c) * S < total ? q0 + IndexT(c) * S : total - 1;
-        xp[c] = x + int64_t(fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, origin[c])) * p.in_plane;
-#pragma unroll
-        for (int dh = 0; dh < KHW; ++dh) {
-#pragma unroll
-          for (int dw = 0; dw < KHW; ++dw) {
-            const bool in_window = IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2];
-            vals[c][dh * KHW + dw] = xp[c][origin[c] + (in_window ? IndexT(dh) * p.in[2] + dw : IndexT(0))];
-          }
+      for (int a = 3 - Dims; a < 3; ++a) {
+        const IndexT offset = a == 0 ? IndexT(0) : (a == 1 ? off_h : off_h + p.out[1]);
+        for (IndexT o = threadIdx.x; o < p.out[a]; o += kThreads) {
+          table[offset + o] = fmp_axis_start<scalar_t, acc_t, IndexT>(p, u, a, o);
         }
       }
-    } else {
-#pragma unroll
-      for (int c = 0; c < kCells; ++c) {
-        const IndexT q = q0 + IndexT(c) * S;
-        if (q >= total) continue;
-        xp[c] = x + int64_t(fmp_window_origin<scalar_t, acc_t, IndexT>(samples, p, q, origin[c])) * p.in_plane;
-        if constexpr (KHW > 0) {
-#pragma unroll
-          for (int dt = 0; dt < KT; ++dt) {
-#pragma unroll
-            for (int dh = 0; dh < KHW; ++dh) {
-#pragma unroll
-              for (int dw = 0; dw < KHW; ++dw) {
-                if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
-                  vals[c][(dt * KHW + dh) * KHW + dw] = xp[c][origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
-                }
-              }
-            }
-          }
-        }
-      }
+      __syncthreads();
+      table_plane = plane;
     }
+    const scalar_t* const xp = x + plane * int64_t(p.in_plane);
+    scalar_t* const yp = y + plane * int64_t(p.out_plane);
+    int64_t* const ip = idx + plane * int64_t(p.out_plane);
+    const IndexT q0 = segment * p.segment_cells + threadIdx.x;
+    if constexpr (K > 0) {
+      IndexT origin[kCells];
+      scalar_t vals[kCells][kWindow];
 #pragma unroll
-    for (int c = 0; c < kCells; ++c) {
-      const IndexT q = q0 + IndexT(c) * S;
-      if (q >= total) continue;
-      acc_t best = -INFINITY;
-      IndexT best_index = origin[c];
-      if constexpr (KHW > 0) {
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = std::min<IndexT>(q0 + IndexT(c * kThreads), p.out_plane - 1);
+        origin[c] = fmp_window_origin<Dims, scalar_t, acc_t, IndexT>(p, table, u, q);
 #pragma unroll
         for (int dt = 0; dt < KT; ++dt) {
 #pragma unroll
-          for (int dh = 0; dh < KHW; ++dh) {
+          for (int dh = 0; dh < K; ++dh) {
 #pragma unroll
-            for (int dw = 0; dw < KHW; ++dw) {
-              if (IndexT(dt) < p.k[0] && IndexT(dh) < p.k[1] && IndexT(dw) < p.k[2]) {
-                const acc_t v = static_cast<acc_t>(vals[c][(dt * KHW + dh) * KHW + dw]);
-                if (v > best || v != v) {
-                  best = v;
-                  best_index = origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw;
-                }
-              }
-            }
-          }
-        }
-      } else {
-        for (IndexT dt = 0; dt < p.k[0]; ++dt) {
-          for (IndexT dh = 0; dh < p.k[1]; ++dh) {
-            const IndexT row = origin[c] + (dt * p.in[1] + dh) * p.in[2];
-            for (IndexT dw = 0; dw < p.k[2]; ++dw) {
-              const acc_t v = static_cast<acc_t>(xp[c][row + dw]);
-              if (v > best || v != v) {
-                best = v;
-                best_index = row + dw;
-              }
+            for (int dw = 0; dw < K; ++dw) {
+              vals[c][(dt * K + dh) * K + dw] = xp[origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
             }
           }
         }
       }
-      y[q] = static_cast<scalar_t>(best);
-      idx[q] = static_cast<int64_t>(best_index);
+#pragma unroll
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = q0 + IndexT(c * kThreads);
+        if (q >= p.out_plane) continue;
+        acc_t best = -INFINITY;
+        IndexT best_index = origin[c];
+#pragma unroll
+        for (int dt = 0; dt < KT; ++dt) {
+#pragma unroll
+          for (int dh = 0; dh < K; ++dh) {
+#pragma unroll
+            for (int dw = 0; dw < K; ++dw) {
+              const acc_t v = static_cast<acc_t>(vals[c][(dt * K + dh) * K + dw]);
+              if (v > best || v != v) {
+                best = v;
+                best_index = origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw;
+              }
+            }
+          }
+        }
+        yp[q] = static_cast<scalar_t>(best);
+        ip[q] = static_cast<int64_t>(best_index);
+      }
+    } else if (q0 < p.out_plane) {
+      const IndexT origin = fmp_window_origin<Dims, scalar_t, acc_t, IndexT>(p, table, u, q0);
+      acc_t best = -INFINITY;
+      IndexT best_index = origin;
+      for (IndexT dt = 0; dt < p.k[0]; ++dt) {
+        for (IndexT dh = 0; dh < p.k[1]; ++dh) {
+          const IndexT row = origin + (dt * p.in[1] + dh) * p.in[2];
+          for (IndexT dw = 0; dw < p.k[2]; ++dw) {
+            const acc_t v = static_cast<acc_t>(xp[row + dw]);
+            if (v > best || v != v) {
+              best = v;
+              best_index = row + dw;
+            }
+          }
+        }
+      }
+      yp[q0] = static_cast<scalar_t>(best);
+      ip[q0] = static_cast<int64_t>(best_index);
+    }
+    if (++segment == p.segments) {
+      segment = 0;
+      ++plane;
     }
   }
 }
 
-template <typename scalar_t, typename IndexT, int KT, int KHW>
-void launch_fmp_forward(const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
+template <typename scalar_t, typename IndexT, int Dims, int K>
+void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
                         const at::Tensor& output, const at::Tensor& indices) {
   using acc_t = at::opmath_type<scalar_t>;
   FmpForwardParams<IndexT, acc_t> p;
@@ -267,31 +300,35 @@ void launch_fmp_forward(const FmpGeometry& g, const at::Tensor& x, const at::Ten
   p.dims = g.dims;
   p.out_w = IntDivider<IndexT>(static_cast<IndexT>(g.out[2]));
   p.out_h = IntDivider<IndexT>(static_cast<IndexT>(g.out[1]));
-  p.out_plane = IntDivider<IndexT>(static_cast<IndexT>(g.out_plane()));
   p.in_plane = static_cast<IndexT>(g.in_plane());
-  const int64_t total = g.planes() * g.out_plane();
-  const int64_t cells = fmp_cells_per_thread(KT * KHW * KHW);
-  const int64_t blocks =
-      std::min<int64_t>(ceil_div<int64_t>(total, kThreads * cells), int64_t(cuda::num_sms()) * 32);
-  fmp_forward_kernel<scalar_t, acc_t, IndexT, KT, KHW><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  p.out_plane = static_cast<IndexT>(g.out_plane());
+  p.segment_cells = static_cast<IndexT>(kThreads * fmp_cells_per_thread(fmp_window(Dims, K)));
+  p.segments = ceil_div<IndexT>(p.out_plane, p.segment_cells);
+  p.items = g.planes() * int64_t(p.segments);
+  p.table = c.table;
+  const int64_t smem = c.table ? ((Dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2]) * int64_t(sizeof(IndexT)) : 0;
+  auto kernel = fmp_forward_kernel<scalar_t, acc_t, IndexT, Dims, K>;
+  const int64_t waves_of_blocks = std::min(p.items, cuda::resident_groups(kernel, kThreads, 1, smem));
+  p.items_per_block = ceil_div<int64_t>(p.items, waves_of_blocks);
+  const int64_t blocks = ceil_div<int64_t>(p.items, p.items_per_block);
+  kernel<<<blocks, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
-      indices.mutable_data_ptr<int64_t>(), p, static_cast<IndexT>(total));
+      indices.mutable_data_ptr<int64_t>(), p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Calls launch_fmp_forward with the window bound of the choice (2d: KT = 1).
-template <int Dims, typename scalar_t, typename IndexT>
+// Calls launch_fmp_forward with the unrolled window of the choice.
+template <int Dims, typename scalar_t>
 void launch_fmp_forward_for(const FmpChoice& c, const FmpGeometry& g, const at::Tensor& x,
                             const at::Tensor& samples, const at::Tensor& output, const at::Tensor& indices) {
-  constexpr int kT2 = Dims == 3 ? 2 : 1, kT3 = Dims == 3 ? 3 : 1;
-  if constexpr (!std::is_same_v<IndexT, uint32_t>) {
-    launch_fmp_forward<scalar_t, IndexT, 1, 0>(g, x, samples, output, indices);  // choose_fmp: kmax == 0
-  } else if (c.kmax == 2) {
-    launch_fmp_forward<scalar_t, IndexT, kT2, 2>(g, x, samples, output, indices);
-  } else if (c.kmax == 3) {
-    launch_fmp_forward<scalar_t, IndexT, kT3, 3>(g, x, samples, output, indices);
+  if (!c.index32) {
+    launch_fmp_forward<scalar_t, uint64_t, Dims, 0>(c, g, x, samples, output, indices);  // choose_fmp: k == 0
+  } else if (c.k == 2) {
+    launch_fmp_forward<scalar_t, uint32_t, Dims, 2>(c, g, x, samples, output, indices);
+  } else if (c.k == 3) {
+    launch_fmp_forward<scalar_t, uint32_t, Dims, 3>(c, g, x, samples, output, indices);
   } else {
-    launch_fmp_forward<scalar_t, IndexT, 1, 0>(g, x, samples, output, indices);
+    launch_fmp_forward<scalar_t, uint32_t, Dims, 0>(c, g, x, samples, output, indices);
   }
 }
 
@@ -305,10 +342,8 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
   const auto c = choose_fmp(g);
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
-  BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cuda", [&] {
-    c.index32 ? launch_fmp_forward_for<Dims, scalar_t, uint32_t>(c, g, x, s, output, indices)
-              : launch_fmp_forward_for<Dims, scalar_t, uint64_t>(c, g, x, s, output, indices);
-  });
+  BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cuda",
+                             [&] { launch_fmp_forward_for<Dims, scalar_t>(c, g, x, s, output, indices); });
 }
 
 template <int Dims>
@@ -403,6 +438,7 @@ struct FmpBwdParams {
   IntDivider<IndexT> in_w, in_h;
   int64_t in_plane, out_plane, tiles, blocks;
   IndexT rounds;  // R_T * R_H * R_W (<= cells of a plane)
+  int acc_elems;  // accumulator elements in shared memory (largest tile + one vector)
 };
 
 // A fast divider built on the device (IntDivider's constructor is host-only).
@@ -422,11 +458,64 @@ __device__ __forceinline__ IntDivider<uint32_t> device_divider<uint32_t>(uint32_
   return r;
 }
 
-template <typename scalar_t, typename acc_t, typename IndexT>
+// What a block needs to know about its tile. Thread 0 computes it (64-bit
+// divisions and two dividers' magic numbers) and shares it through shared memory.
+template <typename IndexT>
+struct FmpTile {
+  int64_t plane, g0;   // the plane; the tile's first element within the plane
+  int len, shift;      // elements of the tile; accumulator offset that aligns dx's 16-byte vectors
+  IndexT c0[3];        // first cell of the box of cells whose reach meets the tile
+  IndexT ncells;       // cells in that box
+  IntDivider<IndexT> box_w, box_h;  // box extents along W and H
+};
+
+template <typename scalar_t, typename IndexT>
+__device__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, const scalar_t* dx, int64_t block) {
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  FmpTile<IndexT> t;
+  t.plane = block / p.tiles;
+  int64_t rest = block - t.plane * p.tiles;
+  int64_t x0[3], x1[3], cn[3];
+  for (int a = 2; a >= 0; --a) {
+    const auto& ax = p.axis[a];
+    const int64_t i = rest % ax.count;
+    rest /= ax.count;
+    x0[a] = i * ax.tile;
+    x1[a] = std::min<int64_t>(x0[a] + ax.tile, int64_t(ax.in));
+    int64_t c0;
+    ax.cells(x0[a], x1[a] - 1, c0, cn[a]);
+    t.c0[a] = static_cast<IndexT>(c0);
+  }
+  t.g0 = (x0[0] * int64_t(p.axis[1].in) + x0[1]) * int64_t(p.axis[2].in) + x0[2];
+  t.len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
+  t.shift = static_cast<int>((reinterpret_cast<uintptr_t>(dx + t.plane * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
+  t.ncells = static_cast<IndexT>(cn[0] * cn[1] * cn[2]);
+  t.box_w = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[2], 1)));
+  t.box_h = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[1], 1)));
+  return t;
+}
+
+// Cell q of a tile's box, as (t, h, w) output coordinates (2d: t = 0).
+template <int Dims, typename IndexT>
+__device__ __forceinline__ void fmp_box_cell(const FmpTile<IndexT>& t, IndexT q, IndexT (&cell)[3]) {
+  const auto wq = t.box_w.divmod(q);
+  cell[2] = t.c0[2] + wq.mod;
+  if constexpr (Dims == 3) {
+    const auto hq = t.box_h.divmod(wq.div);
+    cell[0] = t.c0[0] + hq.div;
+    cell[1] = t.c0[1] + hq.mod;
+  } else {
+    cell[0] = 0;
+    cell[1] = t.c0[1] + wq.div;
+  }
+}
+
+template <typename scalar_t, typename acc_t, typename IndexT, int Dims>
 __global__ void __launch_bounds__(kBwdThreads)
     fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
   extern __shared__ __align__(16) unsigned char fmp_smem[];
+  __shared__ FmpTile<IndexT> shared_tile;
   acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(acc_t);
@@ -434,33 +523,16 @@ __global__ void __launch_bounds__(kBwdThreads)
   const auto& ax = p.axis;
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
-    const int64_t plane = block / p.tiles;
-    int64_t rest = block - plane * p.tiles;
-    int64_t x0[3], x1[3], c0[3], cn[3];
-#pragma unroll
-    for (int a = 2; a >= 0; --a) {
-      const int64_t t = rest % ax[a].count;
-      rest /= ax[a].count;
-      x0[a] = t * ax[a].tile;
-      x1[a] = std::min<int64_t>(x0[a] + ax[a].tile, int64_t(ax[a].in));
-      ax[a].cells(x0[a], x1[a] - 1, c0[a], cn[a]);
-    }
-    const int64_t g0 = (x0[0] * int64_t(ax[1].in) + x0[1]) * int64_t(ax[2].in) + x0[2];
-    const int len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
-    scalar_t* const dxt = dx + plane * p.in_plane + g0;
-    // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is.
-    const int shift = static_cast<int>((reinterpret_cast<uintptr_t>(dxt) / sizeof(scalar_t)) % kVec);
-    acc_t* const acct = acc + shift;
-    for (int i = threadIdx.x; i < shift + len; i += kBwdThreads) acc[i] = acc_t(0);
-
-    const scalar_t* const dyp = dy + plane * p.out_plane;
-    const int64_t* const ip = idx + plane * p.out_plane;
-    const IndexT ncells = static_cast<IndexT>(cn[0] * cn[1] * cn[2]);
-    const auto box_w = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[2], 1)));
-    const auto box_h = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[1], 1)));
+    if (threadIdx.x == 0) shared_tile = fmp_tile<scalar_t, IndexT>(p, dx, block);
+    for (int i = threadIdx.x; i < p.acc_elems; i += kBwdThreads) acc[i] = acc_t(0);
+    __syncthreads();  // tile known, accumulator zeroed
+    const FmpTile<IndexT> t = shared_tile;
+    scalar_t* const dxt = dx + t.plane * p.in_plane + t.g0;
+    acc_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
+    const scalar_t* const dyp = dy + t.plane * p.out_plane;
+    const int64_t* const ip = idx + t.plane * p.out_plane;
     bool stray = false;
-    __syncthreads();  // accumulator zeroed
-    for (IndexT first = 0; first < ncells; first += kChunk) {
+    for (IndexT first = 0; first < t.ncells; first += kChunk) {
       int64_t target[kCellsPerThread];
       scalar_t grad[kCellsPerThread];
 #pragma unroll
@@ -468,12 +540,10 @@ __global__ void __launch_bounds__(kBwdThreads)
         const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
         target[j] = -1;
         grad[j] = scalar_t(0);
-        if (q < ncells) {
-          const auto wq = box_w.divmod(q);
-          const auto hq = box_h.divmod(wq.div);
-          const IndexT o = ((static_cast<IndexT>(c0[0]) + hq.div) * ax[1].out + static_cast<IndexT>(c0[1]) + hq.mod) *
-                               ax[2].out +
-                           static_cast<IndexT>(c0[2]) + wq.mod;
+        if (q < t.ncells) {
+          IndexT cell[3];
+          fmp_box_cell<Dims>(t, q, cell);
+          const IndexT o = (cell[0] * ax[1].out + cell[1]) * ax[2].out + cell[2];
           target[j] = ip[o];
           grad[j] = dyp[o];
         }
@@ -486,22 +556,25 @@ __global__ void __launch_bounds__(kBwdThreads)
         const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
         round[j] = kNoRound;
         slot[j] = 0;
-        if (q < ncells) {
-          const auto wq = box_w.divmod(q);  // the cell again (cheaper than holding it)
-          const auto hq = box_h.divmod(wq.div);
-          const IndexT cell[3] = {static_cast<IndexT>(c0[0]) + hq.div, static_cast<IndexT>(c0[1]) + hq.mod,
-                                  static_cast<IndexT>(c0[2]) + wq.mod};
+        if (q < t.ncells) {
+          IndexT cell[3];
+          fmp_box_cell<Dims>(t, q, cell);  // the cell again (cheaper than holding it)
           const int64_t e = target[j];
           bool regular = e >= 0 && e < p.in_plane;
           if (regular) {
             const auto we = p.in_w.divmod(static_cast<IndexT>(e));
-            const auto he = p.in_h.divmod(we.div);
-            regular = ax[0].reaches(cell[0], he.div) && ax[1].reaches(cell[1], he.mod) &&
-                      ax[2].reaches(cell[2], we.mod);
+            IndexT x[3] = {0, we.div, we.mod};
+            if constexpr (Dims == 3) {
+              const auto he = p.in_h.divmod(we.div);
+              x[0] = he.div;
+              x[1] = he.mod;
+            }
+#pragma unroll
+            for (int a = 3 - Dims; a < 3; ++a) regular = regular && ax[a].reaches(cell[a], x[a]);
           }
           stray = stray || !regular;
-          if (regular && e >= g0 && e - g0 < len) {
-            slot[j] = static_cast<int>(e - g0);
+          if (regular && e >= t.g0 && e - t.g0 < t.len) {
+            slot[j] = static_cast<int>(e - t.g0);
             round[j] = (ax[0].R.mod(cell[0]) * ax[1].R.divisor + ax[1].R.mod(cell[1])) * ax[2].R.divisor +
                        ax[2].R.mod(cell[2]);
           }
@@ -519,8 +592,8 @@ __global__ void __launch_bounds__(kBwdThreads)
     const int any_stray = __syncthreads_or(stray);
     if (threadIdx.x == 0) strays[block] = any_stray ? 1 : 0;
 
-    const int head = std::min(len, (kVec - shift) % kVec);
-    const int nvec = (len - head) / kVec;
+    const int head = std::min(t.len, (kVec - t.shift) % kVec);
+    const int nvec = (t.len - head) / kVec;
     for (int i = threadIdx.x; i < head; i += kBwdThreads) dxt[i] = static_cast<scalar_t>(acct[i]);
     for (int v = threadIdx.x; v < nvec; v += kBwdThreads) {
       const int i = head + v * kVec;
@@ -533,10 +606,10 @@ __global__ void __launch_bounds__(kBwdThreads)
       }
       cuda::store_vec<scalar_t, kVec>(dxt + i, out);
     }
-    for (int i = head + nvec * kVec + threadIdx.x; i < len; i += kBwdThreads) {
+    for (int i = head + nvec * kVec + threadIdx.x; i < t.len; i += kBwdThreads) {
       dxt[i] = static_cast<scalar_t>(acct[i]);
     }
-    __syncthreads();  // the accumulator is reused by the next block of the loop
+    __syncthreads();  // the accumulator and the tile are reused by the next block of the loop
   }
 }
 
@@ -563,7 +636,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename scalar_t, typename IndexT>
+template <typename scalar_t, typename IndexT, int Dims>
 void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const at::Tensor& dy,
                          const at::Tensor& idx, const at::Tensor& dx, const at::Tensor& workspace) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -588,17 +661,16 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.tiles = c.tiles;
   p.blocks = g.planes() * c.tiles;
   p.rounds = static_cast<IndexT>(rounds);
+  p.acc_elems = static_cast<int>(c.smem_bytes / int64_t(sizeof(acc_t)));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
-  auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT>;
+  auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
   const int smem = static_cast<int>(c.smem_bytes);
   TORCH_CHECK_NOT_IMPLEMENTED(smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                               fmp_op_name(g.dims, true), ": needs ", smem,
                               " bytes of shared memory per block, the device allows ",
                               cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
-  if (smem > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  cuda::allow_dynamic_smem(kernel, smem);
   const int64_t grid = std::min<int64_t>(p.blocks, int64_t(1) << 30);
   kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
                                                dx.mutable_data_ptr<scalar_t>(), strays, p);
@@ -629,8 +701,8 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
   const auto dy = grad_output.contiguous();
   const auto idx = indices.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_backward_cuda", [&] {
-    c.index32 ? launch_fmp_backward<scalar_t, uint32_t>(g, c, dy, idx, grad_input, workspace)
-              : launch_fmp_backward<scalar_t, uint64_t>(g, c, dy, idx, grad_input, workspace);
+    c.index32 ? launch_fmp_backward<scalar_t, uint32_t, Dims>(g, c, dy, idx, grad_input, workspace)
+              : launch_fmp_backward<scalar_t, uint64_t, Dims>(g, c, dy, idx, grad_input, workspace);
   });
 }
 
