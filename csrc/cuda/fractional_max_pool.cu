@@ -73,7 +73,7 @@ struct FmpBackwardChoice {
   int64_t count[3] = {1, 1, 1};  // tiles per axis
   int64_t rounds[3] = {1, 1, 1};
   int64_t tiles = 1;             // tiles per plane
-  int64_t smem_bytes = 0;        // (tile elements + one vector of slack) * sizeof(acc_t)
+  int64_t smem_bytes = 0;        // (tile elements + one vector of slack) * sizeof(acc_t), in 16-byte units
 };
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
@@ -95,7 +95,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
     c.rounds[a] = B <= 0 ? 1 : std::min<int64_t>(g.out[a], ceil_div<int64_t>((g.k[a] + 2) * B, A));
   }
-  c.smem_bytes = (c.tile[0] * c.tile[1] * c.tile[2] + vec) * acc_size;
+  c.smem_bytes = ceil_div<int64_t>((c.tile[0] * c.tile[1] * c.tile[2] + vec) * acc_size, 16) * 16;
   return c;
 }
 
@@ -407,11 +407,12 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 template <typename IndexT>
 struct FmpBwdAxis {
   IndexT in, out, k, A;    // A = in - k
+  IndexT f_base;           // A when out == 1 (so that f(0) = A), else 0
   IntDivider<IndexT> B;    // out - 1 (1 when out == 1)
   IntDivider<IndexT> R;    // rounds along this axis
   int64_t tile, count;     // input extent of a tile, tiles along this axis
 
-  __device__ __forceinline__ IndexT f(IndexT c) const { return out == 1 ? A : B.div(c * A); }
+  __device__ __forceinline__ IndexT f(IndexT c) const { return B.div(c * A + f_base); }
   // x in reach(c) = [f(c) - 1, f(c) + k]
   __device__ __forceinline__ bool reaches(IndexT c, IndexT x) const {
     const IndexT s = f(c);
@@ -438,7 +439,7 @@ struct FmpBwdParams {
   IntDivider<IndexT> in_w, in_h;
   int64_t in_plane, out_plane, tiles, blocks;
   IndexT rounds;  // R_T * R_H * R_W (<= cells of a plane)
-  int acc_elems;  // accumulator elements in shared memory (largest tile + one vector)
+  int acc_vecs;   // 16-byte vectors of accumulator in shared memory (largest tile + one vector)
 };
 
 // A fast divider built on the device (IntDivider's constructor is host-only).
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(kBwdThreads)
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     if (threadIdx.x == 0) shared_tile = fmp_tile<scalar_t, IndexT>(p, dx, block);
-    for (int i = threadIdx.x; i < p.acc_elems; i += kBwdThreads) acc[i] = acc_t(0);
+    for (int i = threadIdx.x; i < p.acc_vecs; i += kBwdThreads) cuda::store_vec<acc_t, kAccVec>(acc + i * kAccVec, {});
     __syncthreads();  // tile known, accumulator zeroed
     const FmpTile<IndexT> t = shared_tile;
     scalar_t* const dxt = dx + t.plane * p.in_plane + t.g0;
@@ -573,8 +574,9 @@ __global__ void __launch_bounds__(kBwdThreads)
             for (int a = 3 - Dims; a < 3; ++a) regular = regular && ax[a].reaches(cell[a], x[a]);
           }
           stray = stray || !regular;
-          if (regular && e >= t.g0 && e - t.g0 < t.len) {
-            slot[j] = static_cast<int>(e - t.g0);
+          const IndexT in_tile = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
+          if (regular && in_tile < IndexT(t.len)) {
+            slot[j] = static_cast<int>(in_tile);
             round[j] = (ax[0].R.mod(cell[0]) * ax[1].R.divisor + ax[1].R.mod(cell[1])) * ax[2].R.divisor +
                        ax[2].R.mod(cell[2]);
           }
@@ -614,25 +616,40 @@ __global__ void __launch_bounds__(kBwdThreads)
 }
 
 // Per plane: if any of its tiles saw a stray, the plane is recomputed by a full
-// ordered scan, dx[e] = sum over o in increasing order with idx[o] == e.
+// ordered scan, dx[e] = sum over o in increasing order with idx[o] == e. A block
+// takes kFixupPlanes planes at a time: lane j of its first warp reads the flags of
+// plane (first + j), then the block recomputes the flagged ones in turn.
+constexpr int kFixupPlanes = 32;
+
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     fmp_stray_fixup_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                            scalar_t* __restrict__ dx, const int32_t* __restrict__ strays, int64_t planes,
                            int64_t tiles, int64_t in_plane, int64_t out_plane) {
-  for (int64_t plane = blockIdx.x; plane < planes; plane += gridDim.x) {
-    int32_t any = 0;
-    for (int64_t j = 0; j < tiles; ++j) any |= strays[plane * tiles + j];
-    if (!any) continue;
-    const scalar_t* dyp = dy + plane * out_plane;
-    const int64_t* ip = idx + plane * out_plane;
-    for (int64_t e = threadIdx.x; e < in_plane; e += kThreads) {
-      acc_t acc = 0;
-      for (int64_t o = 0; o < out_plane; ++o) {
-        if (ip[o] == e) acc += static_cast<acc_t>(dyp[o]);
-      }
-      dx[plane * in_plane + e] = static_cast<scalar_t>(acc);
+  __shared__ uint32_t flagged;  // bit j: plane first + j needs the scan
+  for (int64_t first = int64_t(blockIdx.x) * kFixupPlanes; first < planes;
+       first += int64_t(gridDim.x) * kFixupPlanes) {
+    if (threadIdx.x < kFixupPlanes) {
+      const int64_t plane = first + threadIdx.x;
+      int32_t any = 0;
+      for (int64_t j = 0; plane < planes && j < tiles; ++j) any |= strays[plane * tiles + j];
+      const uint32_t bits = __ballot_sync(0xffffffffu, any != 0);
+      if (threadIdx.x == 0) flagged = bits;
     }
+    __syncthreads();
+    for (uint32_t bits = flagged; bits != 0; bits &= bits - 1) {
+      const int64_t plane = first + __ffs(bits) - 1;
+      const scalar_t* dyp = dy + plane * out_plane;
+      const int64_t* ip = idx + plane * out_plane;
+      for (int64_t e = threadIdx.x; e < in_plane; e += kThreads) {
+        acc_t acc = 0;
+        for (int64_t o = 0; o < out_plane; ++o) {
+          if (ip[o] == e) acc += static_cast<acc_t>(dyp[o]);
+        }
+        dx[plane * in_plane + e] = static_cast<scalar_t>(acc);
+      }
+    }
+    __syncthreads();  // flagged is rewritten for the next planes
   }
 }
 
@@ -648,6 +665,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
     ax.out = static_cast<IndexT>(g.out[a]);
     ax.k = static_cast<IndexT>(g.k[a]);
     ax.A = static_cast<IndexT>(g.in[a] - g.k[a]);
+    ax.f_base = g.out[a] == 1 ? ax.A : IndexT(0);
     ax.B = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(g.out[a] - 1, 1)));
     ax.R = IntDivider<IndexT>(static_cast<IndexT>(c.rounds[a]));
     ax.tile = c.tile[a];
@@ -661,7 +679,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.tiles = c.tiles;
   p.blocks = g.planes() * c.tiles;
   p.rounds = static_cast<IndexT>(rounds);
-  p.acc_elems = static_cast<int>(c.smem_bytes / int64_t(sizeof(acc_t)));
+  p.acc_vecs = static_cast<int>(c.smem_bytes / 16);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
@@ -675,7 +693,8 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
                                                dx.mutable_data_ptr<scalar_t>(), strays, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t fixup_blocks = std::min<int64_t>(g.planes(), int64_t(cuda::num_sms()) * 16);
+  const int64_t fixup_blocks =
+      std::min<int64_t>(ceil_div<int64_t>(g.planes(), kFixupPlanes), int64_t(cuda::num_sms()) * 16);
   fmp_stray_fixup_kernel<scalar_t, acc_t><<<fixup_blocks, kThreads, 0, stream>>>(
       dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays,
       g.planes(), c.tiles, g.in_plane(), g.out_plane());
