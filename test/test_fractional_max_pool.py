@@ -70,14 +70,14 @@ def test_forward_bit_exact_sweep(device, dims, dtype):
 
 
 @pytest.mark.parametrize("dims, shape, k, out, variant", [
-    (2, (32, 64, 96, 96), (2, 2), (48, 48), "k=2,start table,4"),
-    (2, (8, 64, 64, 64), (3, 3), (40, 40), "k=3,start table,2"),
-    (2, (16, 64, 96, 96), (3, 2), (47, 60), "any k,start table,1"),
-    (2, (2, 3, 4, 9000), (2, 2), (2, 4400), "k=2,inline starts,4"),
-    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16), "k=2,start table,4"),
-    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10), "k=3,start table,2"),
-    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20), "any k,start table,1"),
-    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500), "any k,inline starts,1"),
+    (2, (32, 64, 96, 96), (2, 2), (48, 48), "k=2,start table,4 cells/thread,block per segment"),
+    (2, (8, 64, 64, 64), (3, 3), (40, 40), "k=3,start table,2 cells/thread,resident blocks"),
+    (2, (16, 64, 96, 96), (3, 2), (47, 60), "any k,start table,1 cells/thread,resident blocks"),
+    (2, (2, 3, 4, 9000), (2, 2), (2, 4400), "k=2,inline starts,4 cells/thread,block per segment"),
+    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16), "k=2,start table,4 cells/thread,block per segment"),
+    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10), "k=3,start table,2 cells/thread,resident blocks"),
+    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20), "any k,start table,1 cells/thread,resident blocks"),
+    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500), "any k,inline starts,1 cells/thread,resident blocks"),
 ])
 def test_forward_bit_exact_large_grid(device, dims, shape, k, out, variant):
     # Every CUDA kernel variant; several segments per plane, planes per block, and
@@ -86,7 +86,7 @@ def test_forward_bit_exact_large_grid(device, dims, shape, k, out, variant):
         pytest.skip("coverage of the CUDA kernel variants; the CPU path is covered by the sweep")
     desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.bfloat16, device)
     plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dPlan").select(desc)
-    assert plan.sku().variant == f"window_max<i32,{variant} cells/thread>"
+    assert plan.sku().variant == f"window_max<i32,{variant}>"
     for dtype in (torch.bfloat16, torch.float32):
         x = random(shape, dtype, device)
         s = _samples(x, dims)
@@ -354,7 +354,7 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     sku = plan.sku()
     assert sku.op == f"fractional_max_pool{dims}d" and sku.index_dtype == torch.int64
     # kernel sizes differ between axes: windows scanned in loops, one cell per thread
-    cuda_variant = "window_max<i32,any k,start table,1 cells/thread>"
+    cuda_variant = "window_max<i32,any k,start table,1 cells/thread,resident blocks>"
     assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else cuda_variant)
     assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == dtype
 

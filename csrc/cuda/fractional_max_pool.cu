@@ -42,6 +42,7 @@ struct FmpChoice {
   bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
   int k;         // forward: 2 or 3 when every pooled axis has that kernel size (windows unrolled); 0: loops
   bool table;    // forward: window starts tabulated per plane in shared memory
+  bool disjoint; // forward: windows never overlap (k <= alpha on every axis): one block per work item
 };
 
 FmpChoice choose_fmp(const FmpGeometry& g) {
@@ -54,8 +55,10 @@ FmpChoice choose_fmp(const FmpGeometry& g) {
     for (int a = 3 - g.dims; a < 3; ++a) all = all && g.k[a] == kk;
     if (all) k = kk;
   }
+  bool disjoint = true;  // alpha = (in - k) / (out - 1) >= k on every axis
+  for (int a = 0; a < 3; ++a) disjoint = disjoint && (g.out[a] <= 1 || g.k[a] * (g.out[a] - 1) <= g.in[a] - g.k[a]);
   // Unrolled windows only with 32-bit indices (64-bit problems take the loops).
-  return {fits, fits ? k : 0, g.out[0] + g.out[1] + g.out[2] <= kMaxStartTable};
+  return {fits, fits ? k : 0, g.out[0] + g.out[1] + g.out[2] <= kMaxStartTable, disjoint};
 }
 
 // Output cells per thread in the forward: enough window loads in flight to cover
@@ -111,7 +114,8 @@ std::string fmp_variant(const FmpChoice& c, int dims) {
   const std::string k = c.k == 0 ? "any k" : "k=" + std::to_string(c.k);
   return std::string("window_max<") + (c.index32 ? "i32" : "i64") + "," + k + "," +
          (c.table ? "start table" : "inline starts") + "," +
-         std::to_string(fmp_cells_per_thread(fmp_window(dims, c.k))) + " cells/thread>";
+         std::to_string(fmp_cells_per_thread(fmp_window(dims, c.k))) + " cells/thread," +
+         (c.disjoint ? "block per segment" : "resident blocks") + ">";
 }
 
 std::string fmp_backward_variant(const FmpBackwardChoice& c) {
@@ -126,9 +130,12 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 //         (val > best || isnan(val), from -inf),
 //   idx = (t * inH + h) * inW + w of that element (the window's first element if all are -inf).
 // Work items are (plane, segment) pairs, a segment being kThreads * kCells consecutive
-// cells of one plane. Each block walks a contiguous range of items (one wave of
-// blocks), and thread j takes cells j, j + kThreads, ... of the segment, so loads and
-// stores coalesce. With a start table the block computes its plane's window starts
+// cells of one plane. Each block walks a contiguous range of items: one item when the
+// windows are disjoint (every input element is loaded once: the kernel streams, and
+// many short blocks keep DRAM busiest), else as many as spread the items over one wave
+// of resident blocks (overlapping windows hit L1 for most loads; the kernel is latency
+// bound and a block's later items reuse its start table). Thread j takes cells j,
+// j + kThreads, ... of the segment, so loads and stores coalesce. With a start table the block computes its plane's window starts
 // (outT + outH + outW values) into shared memory when the plane changes, and a cell's
 // window origin costs one division by a constant (two in 3d) and two or three shared
 // loads; without one (huge axes) each cell evaluates the formula. With K > 0 (every
@@ -308,8 +315,8 @@ void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tens
   p.table = c.table;
   const int64_t smem = c.table ? ((Dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2]) * int64_t(sizeof(IndexT)) : 0;
   auto kernel = fmp_forward_kernel<scalar_t, acc_t, IndexT, Dims, K>;
-  const int64_t waves_of_blocks = std::min(p.items, cuda::resident_groups(kernel, kThreads, 1, smem));
-  p.items_per_block = ceil_div<int64_t>(p.items, waves_of_blocks);
+  p.items_per_block =
+      c.disjoint ? 1 : ceil_div<int64_t>(p.items, std::min(p.items, cuda::resident_groups(kernel, kThreads, 1, smem)));
   const int64_t blocks = ceil_div<int64_t>(p.items, p.items_per_block);
   kernel<<<blocks, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
