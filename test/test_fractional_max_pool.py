@@ -1,3 +1,4 @@
+import math
 import random as pyrandom
 
 import pytest
@@ -225,6 +226,33 @@ def test_backward_tiled_planes_and_overlaps(device, dims, dtype):
             ws = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc).workspace_size()
             if device.type == "cuda":
                 assert ws > shape[0] * shape[1] * 4
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_disjoint_windows_crowded_indices(device, dims):
+    # Disjoint windows (k <= stride) take the counted-atomic-adds kernel on CUDA. Indices
+    # that stay within reach of their cells but send 2, 3 or all 2^dims cells around the
+    # element at coordinates (1, ..., 1) to it: two adds must sum exactly, three or more
+    # send the plane to the ordered full scan. Every plane equals the CPU kernel's result.
+    shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
+    x = random(shape, torch.float64, device)
+    _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+    i = i.clone()
+    spatial = shape[-dims:]
+    target = sum(math.prod(spatial[a + 1:]) for a in range(dims))  # the element at (1, ..., 1)
+    corner = [tuple((c >> a) & 1 for a in range(dims)) for c in range(2 ** dims)]  # cells 0 / 1 per axis
+    for plane, crowd in (((0, 0), 2), ((0, 1), 3), ((1, 1), 2 ** dims)):
+        for cell in corner[:crowd]:
+            i[plane][cell] = target
+    g = random(i.shape, torch.float64, device)
+    dx = _bw(dims)(g, x, list(k), list(out), i)
+    cpu = _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())
+    assert torch.equal(dx.cpu(), cpu)
+    assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
+    if device.type == "cuda":
+        desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.float64, device)
+        plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+        assert plan.sku().variant == "tile_adds<i32>+stray_fixup"
 
 
 @pytest.mark.parametrize("dims", [2, 3])

@@ -76,7 +76,9 @@ struct FmpBackwardChoice {
   int64_t count[3] = {1, 1, 1};  // tiles per axis
   int64_t rounds[3] = {1, 1, 1};
   int64_t tiles = 1;             // tiles per plane
-  int64_t smem_bytes = 0;        // (tile elements + one vector of slack) * sizeof(acc_t), in 16-byte units
+  bool disjoint = false;         // windows disjoint (k <= alpha on every axis): counted atomic adds, no rounds
+  int64_t acc_bytes = 0;         // (tile elements + one vector of slack) * sizeof(acc_t), 16-byte multiple
+  int64_t smem_bytes = 0;        // acc_bytes + (disjoint) a 2-bit add count per tile element, 16-byte multiple
 };
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
@@ -98,7 +100,11 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
     c.rounds[a] = B <= 0 ? 1 : std::min<int64_t>(g.out[a], ceil_div<int64_t>((g.k[a] + 2) * B, A));
   }
-  c.smem_bytes = ceil_div<int64_t>((c.tile[0] * c.tile[1] * c.tile[2] + vec) * acc_size, 16) * 16;
+  c.disjoint = choose_fmp(g).disjoint;
+  if (c.disjoint) c.rounds[0] = c.rounds[1] = c.rounds[2] = 1;
+  const int64_t elems = c.tile[0] * c.tile[1] * c.tile[2];
+  c.acc_bytes = ceil_div<int64_t>((elems + vec) * acc_size, 16) * 16;
+  c.smem_bytes = c.acc_bytes + (c.disjoint ? ceil_div<int64_t>(elems, 64) * 16 : 0);
   return c;
 }
 
@@ -119,7 +125,7 @@ std::string fmp_variant(const FmpChoice& c, int dims) {
 }
 
 std::string fmp_backward_variant(const FmpBackwardChoice& c) {
-  return std::string("tile_rounds<") + (c.index32 ? "i32" : "i64") + ">+stray_fixup";
+  return std::string(c.disjoint ? "tile_adds<" : "tile_rounds<") + (c.index32 ? "i32" : "i64") + ">+stray_fixup";
 }
 
 // ---------------------------------------------------------------------------
@@ -365,7 +371,7 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 }
 
 // ---------------------------------------------------------------------------
-// Backward: dx[e] = sum_{o : idx[o] == e} dy[o] per plane, without atomics.
+// Backward: dx[e] = sum_{o : idx[o] == e} dy[o] per plane, deterministic.
 //
 // Geometry. Along one axis (A = in - k >= B = out - 1, since out + k - 1 <= in),
 // let f(c) = floor(c * A / B) (f = A when out == 1). In exact arithmetic the
@@ -401,6 +407,17 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // rounds and tiles are functions of the problem only. Bit-identical run to run.
 // (The order is not increasing o; it differs from it only for elements with
 // three or more contributions, as floating-point addition is commutative.)
+//
+// Disjoint windows (k <= alpha on every axis, choose_fmp): the forward's indices
+// give each element at most one contribution, so the tile skips the rounds: each
+// cell adds with a shared-memory atomicAdd and counts the add in a 2-bit field per
+// element (atomicAdd on a word of 16 fields). Two adds to one element give the same
+// sum in either order ((0 + a) + b == (0 + b) + a, signed zeros included); an add
+// that finds two before it flags the plane like a stray, and the ordered scan below
+// recomputes it. (A field that overflows carries into its neighbour: counts only
+// grow, and the overflowing add has already flagged.) With one tile per plane every
+// cell of the plane is in the box, so only indices outside the plane count as
+// strays there (they add nothing, as in the scan) and the reach test is skipped.
 //
 // Strays. A regular cell is loaded by every tile its reach meets, so it is added
 // exactly once (by the tile holding its index). A stray can target any tile, so
@@ -446,7 +463,10 @@ struct FmpBwdParams {
   IntDivider<IndexT> in_w, in_h;
   int64_t in_plane, out_plane, tiles, blocks;
   IndexT rounds;  // R_T * R_H * R_W (<= cells of a plane)
-  int acc_vecs;   // 16-byte vectors of accumulator in shared memory (largest tile + one vector)
+  int smem_vecs;  // 16-byte vectors of shared memory: accumulator (largest tile + one vector), then counts
+  int acc_bytes;  // where the counts start
+  bool disjoint;  // counted atomic adds instead of rounds
+  bool whole_planes;  // one tile per plane (every cell of the plane is in the box)
 };
 
 // A fast divider built on the device (IntDivider's constructor is host-only).
@@ -525,6 +545,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   extern __shared__ __align__(16) unsigned char fmp_smem[];
   __shared__ FmpTile<IndexT> shared_tile;
   acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);
+  uint32_t* const counts = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes);  // disjoint: 2 bits per element
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(acc_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
@@ -532,7 +553,7 @@ __global__ void __launch_bounds__(kBwdThreads)
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     if (threadIdx.x == 0) shared_tile = fmp_tile<scalar_t, IndexT>(p, dx, block);
-    for (int i = threadIdx.x; i < p.acc_vecs; i += kBwdThreads) cuda::store_vec<acc_t, kAccVec>(acc + i * kAccVec, {});
+    for (int i = threadIdx.x; i < p.smem_vecs; i += kBwdThreads) cuda::store_vec<acc_t, kAccVec>(acc + i * kAccVec, {});
     __syncthreads();  // tile known, accumulator zeroed
     const FmpTile<IndexT> t = shared_tile;
     scalar_t* const dxt = dx + t.plane * p.in_plane + t.g0;
@@ -569,7 +590,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           fmp_box_cell<Dims>(t, q, cell);  // the cell again (cheaper than holding it)
           const int64_t e = target[j];
           bool regular = e >= 0 && e < p.in_plane;
-          if (regular) {
+          if (regular && !(p.disjoint && p.whole_planes)) {
             const auto we = p.in_w.divmod(static_cast<IndexT>(e));
             IndexT x[3] = {0, we.div, we.mod};
             if constexpr (Dims == 3) {
@@ -584,15 +605,24 @@ __global__ void __launch_bounds__(kBwdThreads)
           const IndexT in_tile = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
           if (regular && in_tile < IndexT(t.len)) {
             slot[j] = static_cast<int>(in_tile);
-            round[j] = (ax[0].R.mod(cell[0]) * ax[1].R.divisor + ax[1].R.mod(cell[1])) * ax[2].R.divisor +
-                       ax[2].R.mod(cell[2]);
+            round[j] = p.disjoint ? IndexT(0)
+                                  : (ax[0].R.mod(cell[0]) * ax[1].R.divisor + ax[1].R.mod(cell[1])) * ax[2].R.divisor +
+                                        ax[2].R.mod(cell[2]);
           }
         }
       }
       for (IndexT r = 0; r < p.rounds; ++r) {
 #pragma unroll
         for (int j = 0; j < kCellsPerThread; ++j) {
-          if (round[j] == r) acct[slot[j]] += static_cast<acc_t>(grad[j]);
+          if (round[j] != r) continue;
+          if (p.disjoint) {
+            const uint32_t shift = (slot[j] & 15) * 2;
+            const uint32_t before = atomicAdd(&counts[slot[j] >> 4], 1u << shift) >> shift;
+            stray = stray || (before & 3u) >= 2;  // a third add: its order would show
+            atomicAdd(&acct[slot[j]], static_cast<acc_t>(grad[j]));
+          } else {
+            acct[slot[j]] += static_cast<acc_t>(grad[j]);
+          }
         }
         __syncthreads();
       }
@@ -686,7 +716,10 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.tiles = c.tiles;
   p.blocks = g.planes() * c.tiles;
   p.rounds = static_cast<IndexT>(rounds);
-  p.acc_vecs = static_cast<int>(c.smem_bytes / 16);
+  p.smem_vecs = static_cast<int>(c.smem_bytes / 16);
+  p.acc_bytes = static_cast<int>(c.acc_bytes);
+  p.disjoint = c.disjoint;
+  p.whole_planes = c.tiles == 1;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
