@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -70,7 +71,8 @@ constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (windo
 // box of tile[T] x tile[H] x tile[W] input elements of one plane with at most
 // kTileBytes / sizeof(acc_t) elements; only the outermost axes are split, so a
 // tile is always one contiguous range of the plane. Rounds per axis:
-// R = ceil((k + 2) * (out - 1) / (in - k)), at most out (1 when out == 1).
+// R = ceil((k + 2) * (out - 1) / (in - k)), at most out (1 when out == 1; 1 for
+// disjoint windows, whose cells add with counted atomics instead).
 struct FmpBackwardChoice {
   bool index32 = true;
   int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
@@ -322,9 +324,9 @@ void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tens
   p.table = c.table;
   const int64_t smem = c.table ? ((Dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2]) * int64_t(sizeof(IndexT)) : 0;
   auto kernel = fmp_forward_kernel<scalar_t, acc_t, IndexT, Dims, K>;
-  p.items_per_block = c.disjoint ? 1
-                                  : ceil_div<int64_t>(p.items, std::min(p.items, kForwardWaves * cuda::resident_groups(
-                                                                                     kernel, kThreads, 1, smem)));
+  const int64_t wanted =
+      c.disjoint ? p.items : std::min(p.items, kForwardWaves * cuda::resident_groups(kernel, kThreads, 1, smem));
+  p.items_per_block = ceil_div<int64_t>(p.items, std::min<int64_t>(wanted, std::numeric_limits<int32_t>::max()));
   const int64_t blocks = ceil_div<int64_t>(p.items, p.items_per_block);
   kernel<<<blocks, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
