@@ -235,11 +235,13 @@ class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
     """Writes the pooled output and the int64 per-plane indices into ``args``.
 
     Variants: CPU ``cpu_plane_window_max``. CUDA
-    ``window_max<i32|i64,k=2|k=3|any k,start table|inline starts,N cells/thread>``: windows
-    unrolled when every pooled axis has kernel size 2 or 3 (all of a thread's window loads
-    issued before the first compare), scanned in loops otherwise; each block keeps its
-    plane's window starts in shared memory unless the output axes hold more than 4096 cells
-    together. No workspace.
+    ``window_max<i32|i64,k=2|k=3|any k,start table|inline starts,N cells/thread,block per
+    segment|resident blocks>``: windows unrolled when every pooled axis has kernel size 2 or 3
+    (all of a thread's window loads issued before the first compare), scanned in loops
+    otherwise; each block keeps its plane's window starts in shared memory unless the output
+    axes hold more of them than a block has cells to pool (256 to 1024); disjoint windows
+    (kernel size <= stride) get a block per segment of cells, overlapping ones spread their
+    segments over two waves of resident blocks. No workspace.
     """
 
     def precision_guarantee(self) -> PrecisionGuarantee:
@@ -264,7 +266,7 @@ class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
 
 
 class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
-    """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic, no atomics).
+    """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic: bit-identical run to run).
 
     Variants: CPU ``cpu_plane_ordered_scatter`` (no workspace). CUDA
     ``tile_rounds<i32|i64>+stray_fixup``: each block accumulates one tile of a plane

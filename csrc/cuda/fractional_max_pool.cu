@@ -36,14 +36,18 @@ constexpr int64_t kTileBytes = 64 * 1024;  // backward: acc_t accumulator of one
 // by the Plan API (through the variant registry).
 
 constexpr int64_t kInt31 = int64_t(1) << 31;
-// Forward: a block tabulates its plane's window starts in shared memory when the
-// output axes together have at most this many cells (else each cell computes its own).
-constexpr int64_t kMaxStartTable = 4096;
+
+// Forward window elements when unrolled (k per axis, 0: not unrolled).
+constexpr int fmp_window(int dims, int k) { return k == 0 ? 0 : (dims == 3 ? k * k * k : k * k); }
+
+// Output cells per thread in the forward: enough window loads in flight to cover
+// DRAM latency (the whole window of each cell is loaded before any compare).
+constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 8 ? 4 : 2); }
 
 struct FmpChoice {
   bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
   int k;         // forward: 2 or 3 when every pooled axis has that kernel size (windows unrolled); 0: loops
-  bool table;    // forward: window starts tabulated per plane in shared memory
+  bool table;    // forward: window starts tabulated per plane in shared memory (at most one per cell of a segment)
   bool disjoint; // forward: windows never overlap (k <= alpha on every axis): one block per work item
 };
 
@@ -59,13 +63,13 @@ FmpChoice choose_fmp(const FmpGeometry& g) {
   }
   bool disjoint = true;  // alpha = (in - k) / (out - 1) >= k on every axis
   for (int a = 0; a < 3; ++a) disjoint = disjoint && (g.out[a] <= 1 || g.k[a] * (g.out[a] - 1) <= g.in[a] - g.k[a]);
-  // Unrolled windows only with 32-bit indices (64-bit problems take the loops).
-  return {fits, fits ? k : 0, g.out[0] + g.out[1] + g.out[2] <= kMaxStartTable, disjoint};
+  k = fits ? k : 0;  // unrolled windows only with 32-bit indices (64-bit problems take the loops)
+  // A block computes its plane's whole start table: worth it while that is no more
+  // starts than the cells of one work item (else each cell computes its own).
+  const int64_t starts = (g.dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2];
+  const bool table = starts <= int64_t(kThreads) * fmp_cells_per_thread(fmp_window(g.dims, k));
+  return {fits, k, table, disjoint};
 }
-
-// Output cells per thread in the forward: enough window loads in flight to cover
-// DRAM latency (the whole window of each cell is loaded before any compare).
-constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 8 ? 4 : 2); }
 
 // Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
 // box of tile[T] x tile[H] x tile[W] input elements of one plane with at most
@@ -116,8 +120,6 @@ int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpBackwardChoi
   if (g.planes() == 0 || g.out_plane() == 0) return 0;
   return g.planes() * c.tiles * int64_t(sizeof(int32_t));
 }
-
-constexpr int fmp_window(int dims, int k) { return k == 0 ? 0 : (dims == 3 ? k * k * k : k * k); }
 
 std::string fmp_variant(const FmpChoice& c, int dims) {
   const std::string k = c.k == 0 ? "any k" : "k=" + std::to_string(c.k);
@@ -405,7 +407,7 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // and the block synchronizes. Last the tile is rounded to scalar_t once and
 // stored with 16-byte vectors (the accumulator is offset so the vectors align).
 //
-// Determinism. Within a chunk and round no two cells touch the same element and
+// Determinism (tile_rounds). Within a chunk and round no two cells touch the same element and
 // rounds are separated by barriers, so each element receives its contributions
 // in the fixed order (chunk, round), at most one per (chunk, round); the chunks,
 // rounds and tiles are functions of the problem only. Bit-identical run to run.
@@ -658,22 +660,25 @@ __global__ void __launch_bounds__(kBwdThreads)
 
 // Per plane: if any of its tiles saw a stray, the plane is recomputed by a full
 // ordered scan, dx[e] = sum over o in increasing order with idx[o] == e. A block
-// takes kFixupPlanes planes at a time: lane j of its first warp reads the flags of
-// plane (first + j), then the block recomputes the flagged ones in turn.
-constexpr int kFixupPlanes = 32;
+// takes `group` (<= 32) planes at a time: lane j of its first warp reads the flags
+// of plane (first + j), then the block recomputes the flagged ones in turn. The
+// launcher sizes groups so that about 8 blocks per SM share the planes: few blocks
+// read the flags when none is set, and many share the scans when many are.
+constexpr int64_t kFixupBlocksPerSm = 8;
 
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     fmp_stray_fixup_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                            scalar_t* __restrict__ dx, const int32_t* __restrict__ strays, int64_t planes,
-                           int64_t tiles, int64_t in_plane, int64_t out_plane) {
+                           int64_t tiles, int64_t in_plane, int64_t out_plane, int group) {
   __shared__ uint32_t flagged;  // bit j: plane first + j needs the scan
-  for (int64_t first = int64_t(blockIdx.x) * kFixupPlanes; first < planes;
-       first += int64_t(gridDim.x) * kFixupPlanes) {
-    if (threadIdx.x < kFixupPlanes) {
+  for (int64_t first = int64_t(blockIdx.x) * group; first < planes; first += int64_t(gridDim.x) * group) {
+    if (threadIdx.x < 32) {
       const int64_t plane = first + threadIdx.x;
       int32_t any = 0;
-      for (int64_t j = 0; plane < planes && j < tiles; ++j) any |= strays[plane * tiles + j];
+      for (int64_t j = 0; int(threadIdx.x) < group && plane < planes && j < tiles; ++j) {
+        any |= strays[plane * tiles + j];
+      }
       const uint32_t bits = __ballot_sync(0xffffffffu, any != 0);
       if (threadIdx.x == 0) flagged = bits;
     }
@@ -728,8 +733,9 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
   const int smem = static_cast<int>(c.smem_bytes);
-  TORCH_CHECK_NOT_IMPLEMENTED(smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
-                              fmp_op_name(g.dims, true), ": needs ", smem,
+  const int64_t block_smem = smem + int64_t(sizeof(FmpTile<IndexT>));  // dynamic + the static tile
+  TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
+                              fmp_op_name(g.dims, true), ": needs ", block_smem,
                               " bytes of shared memory per block, the device allows ",
                               cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
   cuda::allow_dynamic_smem(kernel, smem);
@@ -737,11 +743,12 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
                                                dx.mutable_data_ptr<scalar_t>(), strays, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t fixup_blocks =
-      std::min<int64_t>(ceil_div<int64_t>(g.planes(), kFixupPlanes), int64_t(cuda::num_sms()) * 16);
+  const int64_t fixup_target = kFixupBlocksPerSm * cuda::num_sms();
+  const int group = static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(g.planes(), fixup_target), 1, 32));
+  const int64_t fixup_blocks = std::min(ceil_div<int64_t>(g.planes(), group), 2 * fixup_target);
   fmp_stray_fixup_kernel<scalar_t, acc_t><<<fixup_blocks, kThreads, 0, stream>>>(
       dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays,
-      g.planes(), c.tiles, g.in_plane(), g.out_plane());
+      g.planes(), c.tiles, g.in_plane(), g.out_plane(), group);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
