@@ -333,7 +333,8 @@ def self_checks():
     from ..bench import SelfCheck
 
     # (shape, kernel, output): each CUDA forward variant (kernel sizes that differ by axis,
-    # uniform 2 and 3; the last has more than 4096 output rows + columns: no start table)
+    # uniform 2 and 3; the last has more output rows + columns than a block has cells: no
+    # start table)
     forward_problems = {
         2: [((2, 3, 23, 19), (3, 2), (10, 12)), ((2, 3, 23, 19), (2, 2), (11, 9)),
             ((2, 3, 23, 19), (3, 3), (10, 8)), ((1, 2, 3, 4200), (2, 2), (2, 4100))],
