@@ -230,10 +230,10 @@ def test_backward_tiled_planes_and_overlaps(device, dims, dtype):
 
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_disjoint_windows_crowded_indices(device, dims):
-    # Disjoint windows (k <= stride) take the counted-atomic-adds kernel on CUDA. Indices
+    # Disjoint windows (k <= stride) take the one-store-per-element kernel on CUDA. Indices
     # that stay within reach of their cells but send 2, 3 or all 2^dims cells around the
-    # element at coordinates (1, ..., 1) to it: two adds must sum exactly, three or more
-    # send the plane to the ordered full scan. Every plane equals the CPU kernel's result.
+    # element at coordinates (1, ..., 1) to it: a second contribution sends the plane to
+    # the ordered full scan. Every plane equals the CPU kernel's result.
     shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
     x = random(shape, torch.float64, device)
     _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
@@ -252,7 +252,7 @@ def test_backward_disjoint_windows_crowded_indices(device, dims):
     if device.type == "cuda":
         desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.float64, device)
         plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
-        assert plan.sku().variant == "tile_adds<i32>+stray_fixup"
+        assert plan.sku().variant == "tile_stores<i32>+stray_fixup"
 
 
 @pytest.mark.parametrize("dims", [2, 3])

@@ -272,12 +272,12 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     ``tile_rounds<i32|i64>+stray_fixup``: each block accumulates one tile of a plane
     (at most 64 KiB of float32 / float64 accumulators in shared memory) from the output
     cells whose windows can reach it, in rounds of cells that cannot collide;
-    ``tile_adds<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size <= stride
-    on every axis): one pass of shared-memory atomic adds, each counted, since two adds to
-    one element sum the same in either order. The workspace is one int32 flag per tile
+    ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size <= stride
+    on every axis): one pass in which each cell stores its gradient, a shared-memory bitmap
+    marking the elements already written. The workspace is one int32 flag per tile
     (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index outside its
-    cell's window (indices not made by the forward) or, in ``tile_adds``, a third add to
-    one element: such planes are recomputed by an ordered full scan.
+    cell's window (indices not made by the forward) or, in ``tile_stores``, a second
+    contribution to one element: such planes are recomputed by an ordered full scan.
     """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:
