@@ -256,6 +256,22 @@ def test_backward_disjoint_windows_crowded_indices(device, dims):
 
 
 @pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_negative_zero_grad_adds_to_positive_zero(device, dims, dtype):
+    # PyTorch adds each gradient into a zeroed dx, and 0 + (-0) = +0: a kernel that stores
+    # a lone contribution instead of adding it must still give +0. Disjoint and
+    # overlapping windows.
+    for k in ((2,) * dims, (3,) * dims):
+        shape, out = ((2, 3, 16, 16), (8,) * dims) if dims == 2 else ((2, 2, 8, 8, 8), (4,) * dims)
+        x = random(shape, dtype, device)
+        _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+        g = torch.full(i.shape, -0.0, dtype=dtype, device=device)
+        dx = _bw(dims)(g, x, list(k), list(out), i)
+        assert torch.equal(dx, torch.zeros_like(dx))
+        assert not torch.signbit(dx).any()
+
+
+@pytest.mark.parametrize("dims", [2, 3])
 def test_backward_stray_indices_in_one_tiled_plane(device, dims):
     # Forward indices everywhere but a few cells of one plane that point far from their
     # windows (one into another tile, one duplicated): only that plane takes the

@@ -627,7 +627,7 @@ __global__ void __launch_bounds__(kBwdThreads)
             if (atomicOr(&seen[slot[j] >> 5], bit) & bit) {
               stray = true;  // a second contribution: the plane takes the ordered scan
             } else {
-              acct[slot[j]] = static_cast<acc_t>(grad[j]);
+              acct[slot[j]] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0, as an add would give
             }
           } else {
             acct[slot[j]] += static_cast<acc_t>(grad[j]);
