@@ -232,6 +232,30 @@ def test_backward_skewed_bit_identical_and_correct(device, mode, dtype):
         torch.testing.assert_close(a.cpu(), ref_dw, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("dim", [8, 40, 64])
+def test_backward_max_positions_outside_their_bag_add_nothing(device, dim):
+    # max mode adds grad[bag, d] to row indices[p] where p = max_positions[bag, d] is a
+    # position of that bag; entries naming another bag's position, or -1, add nothing.
+    # (A position past the indices raises on CPU; CUDA cannot raise, it skips it.) dim
+    # 40 is not a multiple of 32 (the CUDA kernel's won-column words).
+    idx, off = make_bags(device)
+    w = torch.randn(25, dim, device=device, dtype=torch.float64)
+    _, o2b, bag_size, max_positions = torch.ops.baracuda.embedding_bag(w, idx, off, 2, None, False, -1)
+    mp = max_positions.clone()
+    mp[0, 0] = 30         # a position of bag 4
+    mp[3, 1::3] = -1
+    mp[5, :5] = mp[4, :5]  # bag 4's argmax positions
+    grad = torch.randn(mp.shape, device=device, dtype=torch.float64)
+    got = torch.ops.baracuda.embedding_bag_backward(grad, idx, o2b, bag_size, mp, 25, 2, None, -1)
+    want = torch.zeros(25, dim, dtype=torch.float64)
+    o2b_c, idx_c = o2b.cpu(), idx.cpu()
+    for b, d in [(b, d) for b in range(mp.shape[0]) for d in range(dim)]:
+        p = int(mp[b, d])
+        if 0 <= p < idx.numel() and int(o2b_c[p]) == b:
+            want[int(idx_c[p]), d] += float(grad[b, d])
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_use_deterministic_algorithms(device, mode):
     idx = skewed_indices(2000, 50, device)

@@ -34,9 +34,10 @@ using cuda::ceil_div;
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;          // forward: bag entries whose loads are in flight together
 constexpr int kSumUnroll = 4;       // backward: sorted positions whose loads are in flight together
-constexpr int64_t kChunk = 128;     // backward: sorted positions per chunk
+constexpr int64_t kChunk = 64;      // backward: sorted positions per chunk
 constexpr int64_t kGroup = 32;      // backward: chunks per group partial
 constexpr int64_t kU32Limit = 0xffffffff;  // backward: sort keys, positions and run ends are uint32
+constexpr uint32_t kNoRun = 0xffffffffu;   // backward: run_start of a row with no run
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -65,20 +66,27 @@ int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 
 // Backward scratch, byte offsets into the workspace (each 256-aligned):
-// sort keys and positions (double-buffered), CUB's temporary storage, the end
-// of each row's run in the sorted order, and the chunk/group partials.
+// sort keys and positions (double-buffered; after the sort the spare key buffer
+// holds each sorted position's bag), CUB's temporary storage, the end of each
+// row's run in the sorted order, the start of each row's run (kNoRun for rows
+// with none), the chunk/group partials, and (max mode) the columns each position
+// won, a bit per column.
 struct BackwardLayout {
   int end_bit = 0;
   size_t cub_bytes = 0;
   int64_t num_chunks = 0, num_groups = 0;
-  int64_t keys[2], vals[2], cub, run_end, head, tail, group, total;
+  int64_t mask_words = 0;  // max mode: 32-bit words of won columns per position
+  int64_t keys[2], vals[2], cub, run_end, run_start, head, tail, group, mask, total;
 };
 
-BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t dim, int64_t acc_bytes) {
-  TORCH_CHECK_NOT_IMPLEMENTED(num_weights < kU32Limit && num_indices < kU32Limit,
-                              kEmbeddingBagBackwardOp, ": the CUDA kernel needs num_weights and the number of "
-                              "indices below 2^32 - 1, got ", num_weights, " and ", num_indices);
+BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t num_bags, int64_t dim,
+                               int64_t mode, int64_t acc_bytes) {
+  TORCH_CHECK_NOT_IMPLEMENTED(num_weights < kU32Limit && num_indices < kU32Limit && num_bags < kU32Limit,
+                              kEmbeddingBagBackwardOp, ": the CUDA kernel needs num_weights, the number of "
+                              "indices and the number of bags below 2^32 - 1, got ", num_weights, ", ", num_indices,
+                              " and ", num_bags);
   BackwardLayout l;
+  l.mask_words = mode == kModeMax ? ceil_div<int64_t>(dim, 32) : 0;
   while ((uint64_t(1) << l.end_bit) <= uint64_t(num_weights)) ++l.end_bit;  // keys lie in [0, num_weights]
   cub::DoubleBuffer<uint32_t> k(nullptr, nullptr), v(nullptr, nullptr);
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, l.cub_bytes, k, v, static_cast<int64_t>(num_indices), 0,
@@ -93,12 +101,16 @@ BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t
   at += align256(static_cast<int64_t>(l.cub_bytes));
   l.run_end = at;
   at += align256(num_weights * 4);
+  l.run_start = at;
+  at += align256(num_weights * 4);
   l.head = at;
   at += align256(l.num_chunks * dim * acc_bytes);
   l.tail = at;
   at += align256(l.num_chunks * dim * acc_bytes);
   l.group = at;
   at += align256(l.num_groups * dim * acc_bytes);
+  l.mask = at;
+  at += align256(num_indices * l.mask_words * 4);
   l.total = at;
   return l;
 }
@@ -281,39 +293,65 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
 //   sum:  w_i * grad[bag_i]               (w_i = per_sample_weights[i] or 1)
 //   mean: grad[bag_i] / bag_size[bag_i]
 //   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
-// Steps, no atomics: (1) key_i = indices[i] for used positions, else V;
-// (2) stable radix sort of (key, i): each row's positions become one run, in
-// position order; (3) the end of each row's run in the sorted order;
-// (4) the sorted order is cut into chunks of kChunk positions; a run that
-// crosses a chunk boundary gets its part in each chunk summed into a head
-// (chunk's first run) or tail (chunk's last run) partial, and every kGroup
-// chunks wholly inside one run are summed again into a group partial;
-// (5) grad_weight is zeroed (rows with no run stay zero), then one team per
-// run writes its row: a direct ordered sum for a run inside one chunk, else
-// tail[first] + (group or head partials, in chunk order) + head[last]. Every summation order is fixed by the sorted
-// data alone, so the result is bit-identical run to run.
+// Steps, no floating-point atomics: (1) key_i = indices[i] for used positions,
+// else V; max mode also marks, per position, the columns it won (a bit each, set
+// with an integer atomicOr: the result does not depend on the order); (2) stable
+// radix sort of (key, i): each row's positions become one run, in position
+// order; (3) the start and end of each row's run in the sorted order, and each
+// sorted position's bag; (4) the sorted order is cut into chunks of kChunk
+// positions; a run that crosses a chunk boundary gets its part in each chunk
+// summed into a head (chunk's first run) or tail (chunk's last run) partial, and
+// every kGroup chunks wholly inside one run are summed again into a group partial;
+// (5) every row of grad_weight is written once: zero for a row with no run, else
+// by one team from its run: a direct ordered sum for a run inside one chunk, else
+// tail[first] + (group or head partials, in chunk order) + head[last]. Every
+// summation order is fixed by the sorted data alone, so the result is
+// bit-identical run to run.
 
 template <typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     make_keys_kernel(const IndexT* __restrict__ indices, const int64_t* __restrict__ offset2bag, int64_t n,
                      int64_t num_weights, int64_t num_bags, int64_t padding_idx, uint32_t* __restrict__ keys,
-                     uint32_t* __restrict__ vals) {
+                     uint32_t* __restrict__ vals, uint32_t* __restrict__ won, int64_t won_words) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     const int64_t idx = static_cast<int64_t>(indices[i]);
     const int64_t bag = offset2bag[i];
     const bool used = idx >= 0 && idx < num_weights && idx != padding_idx && bag >= 0 && bag < num_bags;
     keys[i] = static_cast<uint32_t>(used ? idx : num_weights);
     vals[i] = static_cast<uint32_t>(i);
+    for (int64_t w = 0; w < won_words; ++w) won[i * won_words + w] = 0;  // max mode: cleared for max_won_kernel
   }
 }
 
-// run_end[v] = one past the last sorted position of row v, written only for
-// the rows that have a run (the only ones read).
+// Max mode: bit d % 32 of won[i * words + d / 32] is set when position i is the
+// argmax of its bag at column d, i.e. max_positions[bag, d] == i with
+// offset2bag[i] == bag (an entry naming a position outside its bag adds nothing,
+// as in the CPU kernel). Positions that win no column in a thread's columns skip
+// their grad load.
 __global__ void __launch_bounds__(kThreads)
-    run_ends_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, uint32_t* __restrict__ run_end) {
+    max_won_kernel(const int64_t* __restrict__ max_pos, const int64_t* __restrict__ offset2bag, int64_t num_bags,
+                   int64_t dim, int64_t n, int64_t words, uint32_t* __restrict__ won) {
+  const int64_t total = num_bags * dim;
+  for (int64_t q = int64_t(blockIdx.x) * kThreads + threadIdx.x; q < total; q += int64_t(gridDim.x) * kThreads) {
+    const int64_t bag = q / dim, d = q - bag * dim;
+    const int64_t i = max_pos[q];
+    if (i >= 0 && i < n && offset2bag[i] == bag) atomicOr(won + i * words + d / 32, 1u << (d % 32));
+  }
+}
+
+// run_start[v] / run_end[v] = the first / one past the last sorted position of
+// row v, for the rows that have a run (run_start was set to kNoRun before;
+// run_end is read only where run_start is set); sorted_bag[p] = the bag of sorted
+// position p (read only for used positions, whose bag is valid).
+__global__ void __launch_bounds__(kThreads)
+    runs_kernel(const uint32_t* __restrict__ keys, const uint32_t* __restrict__ sorted_pos,
+                const int64_t* __restrict__ offset2bag, int64_t n, uint32_t num_weights,
+                uint32_t* __restrict__ run_start, uint32_t* __restrict__ run_end, uint32_t* __restrict__ sorted_bag) {
   for (int64_t p = int64_t(blockIdx.x) * kThreads + threadIdx.x; p < n; p += int64_t(gridDim.x) * kThreads) {
     const uint32_t k = keys[p];
+    if (k < num_weights && (p == 0 || keys[p - 1] != k)) run_start[k] = static_cast<uint32_t>(p);
     if (k < num_weights && (p == n - 1 || keys[p + 1] != k)) run_end[k] = static_cast<uint32_t>(p + 1);
+    sorted_bag[p] = k < num_weights ? static_cast<uint32_t>(offset2bag[sorted_pos[p]]) : 0u;
   }
 }
 
@@ -321,21 +359,21 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename AccT, int V>
 struct GradSource {
   const T* grad;
-  const int64_t* offset2bag;
   const int64_t* bag_size;
   const T* psw;
-  const int64_t* max_pos;
-  const uint32_t* sorted_pos;
+  const uint32_t* won;         // max mode: won columns, mask_words words per position
+  const uint32_t* sorted_pos;  // read in max mode and with per_sample_weights
+  const uint32_t* sorted_bag;
   int64_t dim;
+  int64_t mask_words;
   int64_t mode;
 
-  __device__ __forceinline__ void add(AccT (&acc)[V], const cuda::Vec<T, V>& g, uint32_t i, int64_t bag,
-                                      int64_t col) const {
+  __device__ __forceinline__ void add(AccT (&acc)[V], const cuda::Vec<T, V>& g, uint32_t i, uint32_t bag,
+                                      uint32_t won_bits) const {
     if (mode == kModeMax) {
-      const int64_t* mp = max_pos + bag * dim + col;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        if (mp[k] == static_cast<int64_t>(i)) acc[k] += static_cast<AccT>(g.v[k]);
+        if ((won_bits >> k) & 1u) acc[k] += static_cast<AccT>(g.v[k]);
       }
     } else if (mode == kModeMean) {
       const int64_t n = bag_size[bag];
@@ -350,27 +388,34 @@ struct GradSource {
     }
   }
 
-  // acc += contributions of sorted positions [s, e), in order.
+  // acc += contributions of sorted positions [s, e), in order. Loads of
+  // kSumUnroll positions are in flight together: bags (and positions), then (max
+  // mode) won columns, then the grad rows, which max mode loads only where the
+  // position won one of this thread's V columns (V divides 32, so one word).
   __device__ __forceinline__ void sum_range(AccT (&acc)[V], int64_t s, int64_t e, int64_t col) const {
+    const bool need_pos = mode == kModeMax || psw != nullptr;
     for (int64_t p = s; p < e; p += kSumUnroll) {
-      uint32_t i[kSumUnroll];
-      int64_t bag[kSumUnroll];
+      uint32_t bag[kSumUnroll], pos[kSumUnroll], won_bits[kSumUnroll];
       cuda::Vec<T, V> g[kSumUnroll];
 #pragma unroll
       for (int u = 0; u < kSumUnroll; ++u) {
-        if (p + u < e) i[u] = sorted_pos[p + u];
+        bag[u] = p + u < e ? sorted_bag[p + u] : 0u;
+        pos[u] = p + u < e && need_pos ? sorted_pos[p + u] : 0u;
       }
 #pragma unroll
       for (int u = 0; u < kSumUnroll; ++u) {
-        if (p + u < e) bag[u] = offset2bag[i[u]];
+        won_bits[u] = p + u < e ? ~0u : 0u;
+        if (mode == kModeMax && p + u < e) {
+          won_bits[u] = (won[int64_t(pos[u]) * mask_words + col / 32] >> (col % 32)) & ((1u << V) - 1u);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kSumUnroll; ++u) {
-        if (p + u < e) g[u] = cuda::load_vec<T, V>(grad + bag[u] * dim + col);
+        if (won_bits[u] != 0) g[u] = cuda::load_vec<T, V>(grad + int64_t(bag[u]) * dim + col);
       }
 #pragma unroll
       for (int u = 0; u < kSumUnroll; ++u) {
-        if (p + u < e) add(acc, g[u], i[u], bag[u], col);
+        if (won_bits[u] != 0) add(acc, g[u], pos[u], bag[u], won_bits[u]);
       }
     }
   }
@@ -509,35 +554,49 @@ __device__ __forceinline__ void process_run(const GradSource<T, AccT, V>& src, i
   }
 }
 
-// Step (5), after grad_weight was zeroed: each warp takes 32 consecutive sorted
-// positions and finds those that start a run (a ballot); its sub-teams of `team`
-// lanes (team <= 32) take those runs in turn and write each run's row v = keys[s]
-// exactly once. Threads launched: one per position, not one team per position.
+// Step (5): every row of grad_weight written exactly once. Each warp takes 32
+// consecutive rows at a time (a grid-stride loop): lane l loads row l's run start
+// (and end), then its 32 / team sub-teams of `team` lanes write rows j, j + 32 /
+// team, ... (row bounds passed by shuffle): a row with no run is zeroed (streaming
+// stores), the others are written by process_run. Held to 3 blocks per SM (at
+// most 85 registers): faster than 2 or 4 (docs/PERFORMANCE.md).
 template <typename T, typename AccT, int V>
-__global__ void __launch_bounds__(kThreads)
-    row_grad_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights,
-                    const uint32_t* __restrict__ run_end, const AccT* __restrict__ head,
-                    const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight,
-                    int team) {
-  const int lane = threadIdx.x % 32;
-  const int64_t here = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const uint32_t key = here < n ? keys[here] : num_weights;
-  const bool starts = key < num_weights && (here == 0 || keys[here - 1] != key);
-  const unsigned starts_mask = __ballot_sync(0xffffffffu, starts);
-  const int sub = lane / team, tl = lane % team, subs = 32 / team;
-  int k = 0;
-  for (unsigned m = starts_mask; m != 0; m &= m - 1, ++k) {
-    if (k % subs != sub) continue;
-    const int64_t s = here - lane + (__ffs(m) - 1);
-    const uint32_t v = keys[s];
-    process_run(src, s, int64_t(run_end[v]), v, tl, team, head, tail, group, grad_weight);
+__global__ void __launch_bounds__(kThreads, 3)
+    rows_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ run_start,
+                const uint32_t* __restrict__ run_end, int64_t num_weights, const AccT* __restrict__ head,
+                const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight, int team) {
+  const int lane = threadIdx.x % 32, sub = lane / team, tl = lane % team, subs = 32 / team;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  cuda::Vec<T, V> zeros;
+#pragma unroll
+  for (int k = 0; k < V; ++k) zeros.v[k] = T(0);
+  for (int64_t base = (int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32) * 32; base < num_weights;
+       base += warps * 32) {
+    uint32_t my_start = kNoRun, my_end = 0;
+    if (base + lane < num_weights) {
+      my_start = run_start[base + lane];
+      if (my_start != kNoRun) my_end = run_end[base + lane];  // set only for rows with a run
+    }
+    for (int r = sub; r < 32; r += subs) {  // the same trip count in every lane: the shuffles see the whole warp
+      const uint32_t s = __shfl_sync(0xffffffffu, my_start, r);
+      const uint32_t e = __shfl_sync(0xffffffffu, my_end, r);
+      const int64_t v = base + r;
+      if (v >= num_weights) continue;
+      if (s == kNoRun) {
+        for (int64_t col = int64_t(tl) * V; col < src.dim; col += int64_t(team) * V) {
+          cuda::store_vec_streaming<T, V>(grad_weight + v * src.dim + col, zeros);
+        }
+      } else {
+        process_run(src, s, e, static_cast<uint32_t>(v), tl, team, head, tail, group, grad_weight);
+      }
+    }
   }
 }
 
 template <typename T, typename AccT, int V>
-void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys, const uint32_t* run_end,
-                              const BackwardLayout& l, char* ws, int64_t n, int64_t num_weights,
-                              const TeamChoice& c, const at::Tensor& grad_weight) {
+void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys,
+                              const uint32_t* run_start, const uint32_t* run_end, const BackwardLayout& l, char* ws,
+                              int64_t n, int64_t num_weights, const TeamChoice& c, const at::Tensor& grad_weight) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* head = reinterpret_cast<AccT*>(ws + l.head);
   auto* tail = reinterpret_cast<AccT*>(ws + l.tail);
@@ -551,10 +610,13 @@ void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t*
         sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_groups, src.dim, head, group, c.team);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  C10_CUDA_CHECK(cudaMemsetAsync(grad_weight.mutable_data_ptr(), 0, grad_weight.nbytes(), stream));
-  row_grad_kernel<T, AccT, V><<<ceil_div<int64_t>(n, kThreads), kThreads, 0, stream>>>(
-      src, sorted_keys, n, static_cast<uint32_t>(num_weights), run_end, head, tail, group,
-      grad_weight.mutable_data_ptr<T>(), std::min(c.team, 32));
+  const int row_team = std::min(c.team, 32);
+  auto* kernel = rows_kernel<T, AccT, V>;
+  const int64_t rows_per_block = (kThreads / 32) * 32;
+  const int64_t blocks = std::min(ceil_div<int64_t>(num_weights, rows_per_block),
+                                  cuda::resident_groups(kernel, kThreads, 1, 0));
+  kernel<<<blocks, kThreads, 0, stream>>>(src, run_start, run_end, num_weights, head, tail, group,
+                                          grad_weight.mutable_data_ptr<T>(), row_team);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -579,7 +641,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     grad_weight.zero_();
     return;
   }
-  const auto l = backward_layout(num_weights, N, D, acc_bytes_of(grad_in.scalar_type()));
+  const auto l = backward_layout(num_weights, N, B, D, mode, acc_bytes_of(grad_in.scalar_type()));
   check_workspace(op, workspace, l.total, 256, grad_in.device());
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
@@ -592,19 +654,30 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + l.keys[0]), reinterpret_cast<uint32_t*>(ws + l.keys[1])};
   uint32_t* vals[2] = {reinterpret_cast<uint32_t*>(ws + l.vals[0]), reinterpret_cast<uint32_t*>(ws + l.vals[1])};
   auto* run_end = reinterpret_cast<uint32_t*>(ws + l.run_end);
+  auto* run_start = reinterpret_cast<uint32_t*>(ws + l.run_start);
+  auto* won = reinterpret_cast<uint32_t*>(ws + l.mask);
 
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_keys", [&] {
     make_keys_kernel<index_t><<<grid_stride_blocks(N), kThreads, 0, stream>>>(
         indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(), N, num_weights, B, padding_idx,
-        keys[0], vals[0]);
+        keys[0], vals[0], won, l.mask_words);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+  if (mode == kModeMax) {
+    max_won_kernel<<<grid_stride_blocks(B * D), kThreads, 0, stream>>>(
+        max_positions.const_data_ptr<int64_t>(), offset2bag.const_data_ptr<int64_t>(), B, D, N, l.mask_words, won);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   cub::DoubleBuffer<uint32_t> sort_keys(keys[0], keys[1]), sort_vals(vals[0], vals[1]);
   size_t cub_bytes = l.cub_bytes;
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + l.cub, cub_bytes, sort_keys, sort_vals, N, 0, l.end_bit,
                                                  stream));
-  run_ends_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), N,
-                                                                 static_cast<uint32_t>(num_weights), run_end);
+  uint32_t* const sorted_bag = sort_keys.Alternate();  // the spare key buffer
+  C10_CUDA_CHECK(cudaMemsetAsync(run_start, 0xff, num_weights * sizeof(uint32_t), stream));  // kNoRun
+  runs_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), sort_vals.Current(),
+                                                             offset2bag.const_data_ptr<int64_t>(), N,
+                                                             static_cast<uint32_t>(num_weights), run_start, run_end,
+                                                             sorted_bag);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const auto c = choose_team(D, grad.element_size(), kThreads);
@@ -612,15 +685,16 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     auto run = [&](auto vec_tag) {
       constexpr int kV = decltype(vec_tag)::value;
       const GradSource<scalar_t, acc_t, kV> src{grad.const_data_ptr<scalar_t>(),
-                                                offset2bag.const_data_ptr<int64_t>(),
                                                 bag_size.const_data_ptr<int64_t>(),
                                                 psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr,
-                                                mode == kModeMax ? max_positions.const_data_ptr<int64_t>() : nullptr,
+                                                won,
                                                 sort_vals.Current(),
+                                                sorted_bag,
                                                 D,
+                                                l.mask_words,
                                                 mode};
-      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_end, l, ws, N, num_weights, c,
-                                                    grad_weight);
+      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_start, run_end, l, ws, N,
+                                                    num_weights, c, grad_weight);
     };
     if (c.vec == 16 / int(sizeof(scalar_t))) {
       run(std::integral_constant<int, 16 / sizeof(scalar_t)>{});
@@ -631,10 +705,10 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
 }
 
 int64_t backward_workspace_bytes(int64_t num_weights, int64_t dim, int64_t num_indices, int64_t num_bags,
-                                 c10::ScalarType dtype) {
+                                 int64_t mode, c10::ScalarType dtype) {
   return backward_is_trivial(num_weights, dim, num_indices, num_bags)
              ? 0
-             : backward_layout(num_weights, num_indices, dim, acc_bytes_of(dtype)).total;
+             : backward_layout(num_weights, num_indices, num_bags, dim, mode, acc_bytes_of(dtype)).total;
 }
 
 at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
@@ -647,7 +721,8 @@ at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor&
   int64_t need = 0;
   {
     const c10::cuda::CUDAGuard guard(grad.device());
-    need = backward_workspace_bytes(num_weights, grad.size(1), indices.numel(), grad.size(0), grad.scalar_type());
+    need = backward_workspace_bytes(num_weights, grad.size(1), indices.numel(), grad.size(0), mode,
+                                    grad.scalar_type());
   }
   const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
   embedding_bag_backward_out_cuda(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
@@ -746,7 +821,7 @@ KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::Scalar
   const int64_t elem = c10::elementSize(dtype);
   const std::string variant = "sort_segment<" + team_name(choose_team(problem[1], elem, kThreads), elem) +
                               ",chunk" + std::to_string(kChunk) + ",group" + std::to_string(kGroup) + ">";
-  return {variant, backward_workspace_bytes(problem[0], problem[1], problem[2], problem[3], dtype)};
+  return {variant, backward_workspace_bytes(problem[0], problem[1], problem[2], problem[3], problem[4], dtype)};
 }
 
 KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
