@@ -391,7 +391,8 @@ struct GradSource {
   // acc += contributions of sorted positions [s, e), in order. Loads of
   // kSumUnroll positions are in flight together: bags (and positions), then (max
   // mode) won columns, then the grad rows, which max mode loads only where the
-  // position won one of this thread's V columns (V divides 32, so one word).
+  // position won one of this thread's V columns (V divides 32, so one word). In
+  // the other modes won_bits is ~0 for every position in range: all contribute.
   __device__ __forceinline__ void sum_range(AccT (&acc)[V], int64_t s, int64_t e, int64_t col) const {
     const bool need_pos = mode == kModeMax || psw != nullptr;
     for (int64_t p = s; p < e; p += kSumUnroll) {

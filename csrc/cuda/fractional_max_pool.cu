@@ -473,7 +473,6 @@ struct FmpBwdParams {
   int smem_vecs;  // 16-byte vectors of shared memory: accumulator (largest tile + one vector), then seen bits
   int acc_bytes;  // where the seen bits start
   bool disjoint;  // one store per element instead of rounds
-  bool whole_planes;  // one tile per plane (every cell of the plane is in the box)
 };
 
 // A fast divider built on the device (IntDivider's constructor is host-only).
@@ -597,7 +596,7 @@ __global__ void __launch_bounds__(kBwdThreads)
           fmp_box_cell<Dims>(t, q, cell);  // the cell again (cheaper than holding it)
           const int64_t e = target[j];
           bool regular = e >= 0 && e < p.in_plane;
-          if (regular && !(p.disjoint && p.whole_planes)) {
+          if (regular && !(p.disjoint && p.tiles == 1)) {  // one tile: every cell of the plane is in the box
             const auto we = p.in_w.divmod(static_cast<IndexT>(e));
             IndexT x[3] = {0, we.div, we.mod};
             if constexpr (Dims == 3) {
@@ -731,7 +730,6 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.smem_vecs = static_cast<int>(c.smem_bytes / 16);
   p.acc_bytes = static_cast<int>(c.acc_bytes);
   p.disjoint = c.disjoint;
-  p.whole_planes = c.tiles == 1;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
