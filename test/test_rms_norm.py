@@ -102,7 +102,17 @@ def backward_reference(x, ns, w, g):
     return torch.autograd.grad(y, inputs, g.double())
 
 
-@pytest.mark.parametrize("shape,ns", [c for c in CASES if c[0] != (1, 300000)] + [((1, 40000), (40000,))])
+# Backward: the cases above, plus decode-like rows (a single long row spread over a
+# cluster, a few rows of a CTA each).
+BACKWARD_CASES = [c for c in CASES if c[0] != (1, 300000)] + [
+    ((1, 40000), (40000,)),
+    ((1, 8192), (8192,)),
+    ((8, 8192), (8192,)),
+    ((32, 4096), (4096,)),
+]
+
+
+@pytest.mark.parametrize("shape,ns", BACKWARD_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_backward_matches_float64_autograd(device, shape, ns, dtype):
     for wdt in weight_kinds(dtype):
@@ -403,16 +413,19 @@ def test_cuda_variants_follow_row_length():
     assert variant(1024, torch.bfloat16).startswith("warp_rows<32 threads/row,8 rows/cta,16B>")
     assert variant(4096, torch.bfloat16) == "cta_row<128,16B>"
     if torch.cuda.get_device_capability()[0] >= 9:
-        assert variant(65536, torch.bfloat16) == "cluster_row<4x512,16B>"
-        assert variant(262144, torch.bfloat16).startswith("cluster_row<8x1024,16B>")
-        # The backward's row groups (its dW partial rows) all run at once: a 512-thread CTA
-        # of this kernel takes a whole SM, so clusters of 4 fit at most num_sms / 4 times
+        # Forward rows that need a cluster hold 8 vectors per thread, half the cluster.
+        assert variant(65536, torch.bfloat16) == "cluster_row<2x512,16B,8 vectors/thread>"
+        assert variant(262144, torch.bfloat16) == "cluster_row<4x1024,16B,8 vectors/thread>"
+        assert variant(32768, torch.float32) == "cluster_row<2x512,16B,8 vectors/thread>"
+        assert variant(16384, torch.float32) == "cta_row<512,16B,8 vectors/thread>"  # 4 vectors: a cluster of 2
+        # The backward's row groups (its dW partial rows) all run at once: two 512-thread
+        # CTAs of this kernel fill an SM, so clusters of 4 fit at most num_sms / 2 times
         # (a grid sized past that leaves a tail wave).
         plan = baracuda_ops.RMSNormBackwardPlan.select(
             baracuda_ops.RMSNormBackwardDescriptor((2048, 65536), (65536,), torch.bfloat16, device="cuda"))
-        assert plan.sku().variant.startswith("cluster_row<")
+        assert plan.sku().variant.startswith("cluster_row<4x512,16B,2 ctas/sm>")
         partial_rows = plan.workspace_size() // (65536 * 4)
-        assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 4
+        assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 2
     assert variant(2**20, torch.float32).startswith("two_pass_row<512,16B>")
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
     one_row = baracuda_ops.RMSNormBackwardPlan.select(
@@ -427,6 +440,10 @@ def test_cuda_variants_follow_row_length():
     # The backward spreads a few rows only up to 8 elements per thread.
     assert variant(4096, torch.float32, backward=True, m=8) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
     assert variant(8192, torch.bfloat16, backward=True, m=8) == "cta_row<256,16B>+ordered_dw_sum<8 partials>"
+    if torch.cuda.get_device_capability()[0] >= 9:
+        # A single row beyond that: one vector per thread over a cluster of 8.
+        assert variant(8192, torch.bfloat16, backward=True, m=1) == "cluster_row<8x128,16B,1 vector/thread>+direct_dw"
+        assert variant(8192, torch.float32, backward=True, m=1) == "cluster_row<8x256,16B,1 vector/thread>+direct_dw"
 
 
 # ---------------------------------------------------------------------------- schemas and errors

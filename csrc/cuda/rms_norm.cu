@@ -4,11 +4,15 @@
 // threads: `group` threads of one CTA (a sub-warp when several rows share a CTA,
 // else the whole CTA), times `cluster` CTAs of a thread-block cluster (sm_90) for
 // long rows. Thread u of a row holds vectors q = j * row_threads + u (j < Vpt) of
-// V elements in registers, so x (and dy) are read from memory exactly once; the
-// row's sum is a fixed-order shuffle / block / cluster reduction. Vpt = kVpt = 4,
-// except for a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1
-// or 2 (backward: at most 8 elements per thread), so at most 512 threads hold the
-// row, with w loaded together with x and (backward) the dW sums in registers.
+// V elements in registers, as raw 32-bit words (16-bit elements two to a register),
+// so x (and dy) are read from memory exactly once; the row's sum is a fixed-order
+// shuffle / block / cluster reduction. Vpt = kVpt = 4, except:
+//   - a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1 or 2
+//     (backward: at most 8 elements per thread), so at most 512 threads hold the
+//     row, with w loaded together with x and (backward) the dW sums in registers;
+//   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
+//   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
+// Backward rows that need a cluster run two CTAs per SM (64 registers).
 // Rows longer than kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use
 // a two-pass kernel that reads x (and dy) twice.
 //
@@ -69,7 +73,8 @@ struct RmsChoice {
   int group = 1;         // threads per row inside a CTA
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
-  int vpt = kVpt;        // vectors per thread: kVpt, or 1 or 2 for a few latency-bound rows
+  int vpt = kVpt;        // vectors per thread: kVpt; 1 or 2 for a few latency-bound rows; 2 * kVpt forward clusters
+  int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
 };
@@ -117,6 +122,18 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     }
     c.group = c.block;
   }
+  // Rows that need a cluster: the CTAs of a cluster wait for each other at every
+  // row's barrier. The forward holds 2 * kVpt vectors per thread (16-byte vectors:
+  // 64 registers), so half as many CTAs share a row. The backward, which needs
+  // more registers per vector, is held to 64 registers, two CTAs per SM, so one
+  // CTA's loads run while the other waits at its barrier.
+  if (!c.looped && c.cluster > 1) {
+    if (!backward && c.vec * elem == 16 && elem <= 4) {  // float64 spills at 2 * kVpt
+      c.vpt = 2 * kVpt;
+      c.cluster /= 2;
+    }
+    if (backward) c.ctas_per_sm = 2;
+  }
   // A few rows, a CTA each, no more rows than SMs: latency-bound, so the row is
   // spread over 1 or 2 vectors per thread, at most 512 threads (1024-thread CTAs
   // measured slower). The kernels then load w together with x, keep dW sums in
@@ -129,12 +146,21 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     c.cluster = 1;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, c.vpt), 32) * 32);
   }
+  // The backward of a single row that the few-rows launch does not take (more than
+  // kBwdFewRowsElems per thread) and a cluster's CTAs can: one vector per thread
+  // over a cluster of kMaxCluster CTAs, so the row's loads come from that many SMs.
+  if (backward && M == 1 && c.vpt == kVpt && !c.looped && c.group == c.block && c.vec * elem == 16 && sm_major() >= 9 &&
+      ceil_div<int64_t>(nv, kMaxCluster) <= kBwdMaxThreads) {
+    c.vpt = 1;
+    c.cluster = kMaxCluster;
+    c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, kMaxCluster), 32) * 32);
+  }
   if (backward && dw && !c.looped && c.vpt == kVpt) {
     c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
     if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
       c.looped = true;
       c.block = c.group = kLoopedThreads;
-      c.cluster = 1;
+      c.cluster = c.ctas_per_sm = 1;
       c.smem = 0;
     }
   }
@@ -170,13 +196,14 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
   } else if (c.group < c.block) {
     v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
         vec + ">";
-  } else if (c.cluster == 1) {
+  } else {
     const std::string spread = c.vpt == kVpt ? ""
                                : c.vpt == 1  ? ",1 vector/thread"
                                              : "," + std::to_string(c.vpt) + " vectors/thread";
-    v = "cta_row<" + std::to_string(c.block) + "," + vec + spread + ">";
-  } else {
-    v = "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec + ">";
+    const std::string per_sm = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm" : "";
+    v = c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + per_sm + ">"
+                       : "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec +
+                             spread + per_sm + ">";
   }
   if (backward && dw) v += dw_direct(c) ? "+direct_dw" : "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
   return v;
@@ -209,12 +236,6 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) out[c * kChunk + i] = static_cast<AccT>(v.v[i]);
   }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void zero_vec(cuda::Vec<T, V>& v) {
-#pragma unroll
-  for (int i = 0; i < V; ++i) v.v[i] = static_cast<T>(0.0f);
 }
 
 __device__ __forceinline__ void cluster_sync() {
@@ -289,25 +310,22 @@ template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                         AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps) {
-  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA, no cluster, latency-bound
+  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
-  const RowLayout L = kFewRows ? RowLayout() : RowLayout(group, cluster);
+  const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
     const bool live = row < M;
-    cuda::Vec<T, V> xv[Vpt];
+    cuda::RawVec<T, V> xv[Vpt] = {};
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
-      if (live && q < nv) {
-        xv[j] = cuda::load_vec<T, V>(x + row * N + int64_t(q) * V);
-      } else {
-        zero_vec(xv[j]);
-      }
+      if (live && q < nv) xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
     }
+    const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
     // Few rows (latency-bound): w is loaded with x, so its latency does not follow
     // the reduction's.
     AccT w_early[Vpt][V];
@@ -323,7 +341,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int j = 0; j < Vpt; ++j) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const AccT a = static_cast<AccT>(xv[j].v[i]);
+        const AccT a = x_at(j, i);
         ss += a * a;
       }
     }
@@ -343,7 +361,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         }
         cuda::Vec<T, V> out;
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(static_cast<AccT>(xv[j].v[i]) * r * wv[i]);
+        for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(x_at(j, i) * r * wv[i]);
         cuda::store_vec<T, V>(y + row * N + int64_t(q) * V, out);
       }
     }
@@ -361,17 +379,17 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
 
-template <typename T, typename W, typename AccT, int V, int Vpt>
-__global__ void __launch_bounds__(kBwdMaxThreads)
+template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks>
+__global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster) {
-  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA, no cluster, latency-bound
+  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
-  const RowLayout L = kFewRows ? RowLayout() : RowLayout(group, cluster);
+  const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
   // This thread's dW sum k (k = j * V + i): a register in the few-rows launches
@@ -392,18 +410,17 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
     const bool live = row < M;
-    cuda::Vec<T, V> xv[Vpt], gv[Vpt];
+    cuda::RawVec<T, V> xv[Vpt] = {}, gv[Vpt] = {};
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (live && q < nv) {
-        xv[j] = cuda::load_vec<T, V>(x + row * N + int64_t(q) * V);
-        gv[j] = cuda::load_vec<T, V>(dy + row * N + int64_t(q) * V);
-      } else {
-        zero_vec(xv[j]);
-        zero_vec(gv[j]);
+        xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
+        gv[j] = cuda::load_raw<T, V>(dy + row * N + int64_t(q) * V);
       }
     }
+    const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
+    const auto g_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(gv[j], i); };
     const AccT r = live ? rstd[row] : AccT(0);
     AccT s = 0;
 #pragma unroll
@@ -413,7 +430,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
         AccT wv[V];
         load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
 #pragma unroll
-        for (int i = 0; i < V; ++i) s += static_cast<AccT>(gv[j].v[i]) * wv[i] * static_cast<AccT>(xv[j].v[i]);
+        for (int i = 0; i < V; ++i) s += g_at(j, i) * wv[i] * x_at(j, i);
       }
     }
     s = row_sum(s, group, cluster, scratch, slots, parity);
@@ -428,14 +445,14 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
         cuda::Vec<T, V> out;
 #pragma unroll
         for (int i = 0; i < V; ++i) {
-          out.v[i] = static_cast<T>(r * static_cast<AccT>(gv[j].v[i]) * wv[i] - static_cast<AccT>(xv[j].v[i]) * k);
+          out.v[i] = static_cast<T>(r * g_at(j, i) * wv[i] - x_at(j, i) * k);
         }
         cuda::store_vec<T, V>(dx + row * N + int64_t(q) * V, out);
       }
       if (want_dw) {
 #pragma unroll
         for (int i = 0; i < V; ++i) {
-          dw_sum(j * V + i) += static_cast<AccT>(gv[j].v[i]) * static_cast<AccT>(xv[j].v[i]) * r;
+          dw_sum(j * V + i) += g_at(j, i) * x_at(j, i) * r;
         }
       }
     }
@@ -610,17 +627,34 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, Vpt>) with the chosen vectors per thread of
-// the register kernels. 1 and 2 are only instantiated where choose_rms can pick
-// them: 16-byte vectors, and in the backward at most kBwdFewRowsElems elements.
+// the register kernels. 1, 2 and 2 * kVpt are only instantiated where choose_rms
+// can pick them: 16-byte vectors; in the backward at most kBwdFewRowsElems
+// elements; 2 * kVpt only in the forward, for elements of at most 4 bytes.
 template <typename T, int V, bool kBackward, typename Fn>
 void with_vpt(const RmsChoice& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
+    if constexpr (!kBackward && sizeof(T) <= 4) {
+      if (c.vpt == 2 * kVpt) return fn(std::integral_constant<int, 2 * kVpt>{});
+    }
     if (c.vpt == 1) return fn(std::integral_constant<int, 1>{});
     if constexpr (!kBackward || 2 * V <= kBwdFewRowsElems) {
       if (c.vpt == 2) return fn(std::integral_constant<int, 2>{});
     }
   }
   fn(std::integral_constant<int, kVpt>{});
+}
+
+// Calls fn(kernel) with the backward register kernel of the choice: its vectors per
+// thread, and the registers capped for two CTAs per SM where the choice says so.
+template <typename T, typename W, typename AccT, int V, typename Fn>
+void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
+  with_vpt<T, V, true>(c, [&](auto vpt_tag) {
+    constexpr int Vpt = decltype(vpt_tag)::value;
+    if constexpr (Vpt == kVpt) {
+      if (c.ctas_per_sm == 2) return fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 2>);
+    }
+    fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 1>);
+  });
 }
 
 // For half inputs the smaller count of the two weight types' kernels: the
@@ -638,10 +672,8 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
                        : cuda::resident_groups(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0);
         } else {
           if (backward) {
-            with_vpt<scalar_t, V, true>(c, [&](auto vpt_tag) {
-              constexpr int Vpt = decltype(vpt_tag)::value;
-              n = cuda::resident_groups(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem);
-            });
+            with_bwd_kernel<scalar_t, W, acc_t, V>(
+                c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
           } else {
             with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
               constexpr int Vpt = decltype(vpt_tag)::value;
@@ -762,10 +794,9 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
           launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, gp, xp, rp, wp, dxp,
                  parts, rows.M, rows.N);
         } else {
-          with_vpt<scalar_t, V, true>(c, [&](auto vpt_tag) {
-            launch(rms_norm_bwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>, c.clusters * c.cluster,
-                   c.block, c.cluster, c.smem, gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N),
-                   c.group, c.cluster);
+          with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
+            launch(kernel, c.clusters * c.cluster, c.block, c.cluster, c.smem, gp, xp, rp, wp, dxp, parts, dwp,
+                   rows.M, static_cast<int>(rows.N), c.group, c.cluster);
           });
         }
         if (want_dw && !direct) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/macros/Macros.h>
@@ -59,6 +61,23 @@ __device__ __forceinline__ Vec<T, N> from_raw(const RawVec<T, N>& raw) {
   Vec<T, N> v;
   memcpy(&v, &raw, sizeof(v));
   return v;
+}
+
+// Element i of a raw vector as AccT, taken from its 32-bit word: a 16-bit element
+// is the word's low (even i) or high (odd i) half. Kept raw, a thread's 16-bit row
+// slice takes half the registers it takes unpacked, one element per register.
+template <typename AccT, typename T, int N>
+__device__ __forceinline__ AccT raw_elem(const RawVec<T, N>& raw, int i) {
+  if constexpr (sizeof(T) == 2 && sizeof(T) * N % 4 == 0) {
+    const uint32_t w = raw.v[i / 2];
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      return static_cast<AccT>(__uint_as_float(i % 2 ? (w & 0xffff0000u) : (w << 16)));
+    } else {
+      return static_cast<AccT>(T(static_cast<uint16_t>(i % 2 ? w >> 16 : w & 0xffffu), typename T::from_bits_t()));
+    }
+  } else {
+    return static_cast<AccT>(from_raw<T, N>(raw).v[i]);
+  }
 }
 
 // The same with streaming cache hints (evict first: ld.global.cs / st.global.cs),
