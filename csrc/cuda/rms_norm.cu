@@ -254,7 +254,7 @@ __device__ __forceinline__ void cluster_sync() {
 // may still be reading: that read precedes the next row's cluster barrier.
 template <typename AccT>
 __device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, AccT* scratch, AccT* slots, int parity) {
-  if (group <= 32) {
+  if (group <= 32 && cluster == 1) {  // sub-warp rows (a 32-thread CTA of a cluster goes on below)
     for (int offset = group / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
   }
