@@ -284,8 +284,8 @@ struct RowLayout {
   int64_t first;     // first row of this CTA's row group
   int64_t step;      // rows between two iterations
 
-  // One row per CTA and no cluster (the few-rows launches): no divisions on the
-  // way to the first load.
+  // One row per CTA and no cluster (the few-rows launches, but for a single row
+  // over a cluster): no divisions on the way to the first load.
   __device__ RowLayout()
       : g(0), u(threadIdx.x), row_threads(blockDim.x), rank(0), rows_per_cta(1), first(blockIdx.x), step(gridDim.x) {}
 
@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
   const int nv = N / V;
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
   // This thread's dW sum k (k = j * V + i): a register in the few-rows launches
-  // (a CTA holds one row, nothing to combine), else its slot in `acc`.
+  // (a CTA holds one row or a slice of it, nothing to combine), else its slot in `acc`.
   AccT dw_reg[kFewRows ? Vpt * V : 1];
   const auto dw_sum = [&](int k) -> AccT& {
     if constexpr (kFewRows) {
