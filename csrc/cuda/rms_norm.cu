@@ -458,18 +458,28 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     }
   }
   if (want_dw && (kFewRows || L.rows_per_cta == 1)) {
-    // One row per CTA: a thread's own slots are its columns' sums.
+    // One row per CTA: a thread's own slots are its columns' sums. The partial row
+    // (16-byte aligned: the workspace, N a multiple of V) takes 16-byte stores; one
+    // store per element, each lane's in another sector, cost microseconds at decode.
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (q >= nv) continue;
+      AccT sums[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const AccT sum = dw_sum(j * V + i);
-        if (dw_direct != nullptr) {
-          dw_direct[int64_t(q) * V + i] = static_cast<W>(sum);
-        } else {
-          partials[int64_t(blockIdx.x / cluster) * N + int64_t(q) * V + i] = sum;
+      for (int i = 0; i < V; ++i) sums[i] = dw_sum(j * V + i);
+      if (dw_direct != nullptr) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) dw_direct[int64_t(q) * V + i] = static_cast<W>(sums[i]);
+      } else {
+        AccT* out = partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V;
+        constexpr int kChunk = sizeof(AccT) * V >= 16 ? static_cast<int>(16 / sizeof(AccT)) : V;
+#pragma unroll
+        for (int c = 0; c < V / kChunk; ++c) {
+          cuda::Vec<AccT, kChunk> chunk;
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) chunk.v[i] = sums[c * kChunk + i];
+          cuda::store_vec<AccT, kChunk>(out + c * kChunk, chunk);
         }
       }
     }
