@@ -197,14 +197,15 @@ void alibi_inplace_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
 // segment's vectors, kUnroll loads in flight, accumulating in order in AccT.
 // The block then adds the thread sums with the fixed-order block_sum. With one
 // chunk the block writes grad_slopes[h]; otherwise it writes partials[h][c],
-// and alibi_slope_combine_kernel adds those in chunk order. No atomics: the
-// result is bit-identical run to run.
+// and alibi_slope_combine_kernel, launched early, adds those in chunk order. No
+// atomics: the result is bit-identical run to run.
 
 template <typename T, typename S, typename AccT, int V, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     alibi_slope_grad_kernel(const T* __restrict__ grad, AccT* __restrict__ partials, S* __restrict__ grad_slopes,
                             IndexT items_per_head, IndexT items_per_chunk, int segments_log2, IndexT segment_len,
                             IndexT row_vectors, IntDivider<IndexT> queries, IndexT heads) {
+  cuda::start_next_grid();  // alibi_slope_combine_kernel may take free slots now
   __shared__ AccT scratch[kThreads / 32];
   const IndexT h = blockIdx.x, chunk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -247,10 +248,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // grad_slopes[h] = sum_{c = 0..chunks-1} partials[h][c]: one warp per head,
 // lane l adding chunks l, l + 32, ... in order, then the fixed-order warp_sum.
+// Launched early: it waits here for alibi_slope_grad_kernel to end.
 template <typename S, typename AccT>
 __global__ void __launch_bounds__(kThreads)
     alibi_slope_combine_kernel(const AccT* __restrict__ partials, S* __restrict__ grad_slopes, int64_t heads,
                                int chunks) {
+  cuda::wait_for_previous_grid();
   const int64_t h = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (h >= heads) return;  // whole warps leave together: kThreads is a multiple of 32
@@ -277,9 +280,8 @@ void launch_alibi_slope_grad(const T* grad, S* grad_slopes, AccT* partials, cons
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (c.chunks > 1) {
     const int64_t blocks = ceil_div<int64_t>(s.heads * 32, kThreads);
-    alibi_slope_combine_kernel<S, AccT><<<blocks, kThreads, 0, stream>>>(partials, grad_slopes, s.heads,
-                                                                        static_cast<int>(c.chunks));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cuda::launch(alibi_slope_combine_kernel<S, AccT>, {.grid = dim3(blocks), .block = dim3(kThreads), .early = true},
+                 partials, grad_slopes, s.heads, static_cast<int>(c.chunks));
   }
 }
 

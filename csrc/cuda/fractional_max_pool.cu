@@ -548,6 +548,7 @@ template <typename scalar_t, typename acc_t, typename IndexT, int Dims>
 __global__ void __launch_bounds__(kBwdThreads)
     fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
+  cuda::start_next_grid();  // fmp_stray_fixup_kernel may take free slots now
   extern __shared__ __align__(16) unsigned char fmp_smem[];
   __shared__ FmpTile<IndexT> shared_tile;
   acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);
@@ -666,6 +667,7 @@ __global__ void __launch_bounds__(kBwdThreads)
 // of plane (first + j), then the block recomputes the flagged ones in turn. The
 // launcher sizes groups so that about 8 blocks per SM share the planes: few blocks
 // read the flags when none is set, and many share the scans when many are.
+// Launched early: it waits for fmp_backward_tile_kernel to end.
 constexpr int64_t kFixupBlocksPerSm = 8;
 
 template <typename scalar_t, typename acc_t>
@@ -673,6 +675,7 @@ __global__ void __launch_bounds__(kThreads)
     fmp_stray_fixup_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                            scalar_t* __restrict__ dx, const int32_t* __restrict__ strays, int64_t planes,
                            int64_t tiles, int64_t in_plane, int64_t out_plane, int group) {
+  cuda::wait_for_previous_grid();
   __shared__ uint32_t flagged;  // bit j: plane first + j needs the scan
   for (int64_t first = int64_t(blockIdx.x) * group; first < planes; first += int64_t(gridDim.x) * group) {
     if (threadIdx.x < 32) {
@@ -747,10 +750,10 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   const int64_t fixup_target = kFixupBlocksPerSm * cuda::num_sms();
   const int group = static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(g.planes(), fixup_target), 1, 32));
   const int64_t fixup_blocks = std::min(ceil_div<int64_t>(g.planes(), group), 2 * fixup_target);
-  fmp_stray_fixup_kernel<scalar_t, acc_t><<<fixup_blocks, kThreads, 0, stream>>>(
-      dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays,
-      g.planes(), c.tiles, g.in_plane(), g.out_plane(), group);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda::launch(fmp_stray_fixup_kernel<scalar_t, acc_t>,
+               {.grid = dim3(fixup_blocks), .block = dim3(kThreads), .early = true}, dy.const_data_ptr<scalar_t>(),
+               idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays, g.planes(), c.tiles,
+               g.in_plane(), g.out_plane(), group);
 }
 
 template <int Dims>

@@ -334,7 +334,7 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 // order, the l-th contiguous chunk of the split's tile range, U tiles per step;
 // the L lane sums are added in lane order through shared memory. With one split
 // the block writes dx, otherwise an acc_t partial per split, which
-// repeat_combine_kernel adds in split order. No atomics: bit-stable run to run.
+// repeat_combine_kernel, launched early, adds in split order. No atomics: bit-stable run to run.
 // The U loads of a step are issued unconditionally (past the chunk's last tile
 // a load re-reads it and its add is skipped) and held as raw words until the
 // adds: a conditional load whose bf16 halves are unpacked right after it would
@@ -344,6 +344,7 @@ template <typename T, typename AccT, int V, int L, int D, int U, typename IndexT
 __global__ void __launch_bounds__(kThreads)
     repeat_tile_sum_kernel(const T* __restrict__ grad, T* __restrict__ dx, AccT* __restrict__ partials,
                            TileWalker<IndexT, D> w, IndexT num_vectors, IndexT tiles, IndexT tiles_per_split) {
+  cuda::start_next_grid();  // repeat_combine_kernel may take free slots now
   constexpr int TX = kThreads / L;
   const int tx = threadIdx.x % TX, lane = threadIdx.x / TX;
   const IndexT vec = IndexT(blockIdx.x) * TX + tx;
@@ -406,10 +407,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dx[c] = sum_{s} partials[s][c] in split order: thread (tx, l) sums the l-th
-// contiguous chunk of splits, then the chunk sums are added in order.
+// contiguous chunk of splits, then the chunk sums are added in order. Launched
+// early: it waits here for repeat_tile_sum_kernel to end.
 template <typename T, typename AccT, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     repeat_combine_kernel(const AccT* __restrict__ partials, T* __restrict__ dx, IndexT n, IndexT splits) {
+  cuda::wait_for_previous_grid();
   constexpr int TX = kThreads / kTileLanes;
   const int tx = threadIdx.x % TX, lane = threadIdx.x / TX;
   const IndexT c = IndexT(blockIdx.x) * TX + tx;
@@ -461,9 +464,8 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
   });
   if (partials != nullptr) {
     const int64_t blocks = ceil_div<int64_t>(n, kThreads / kTileLanes);
-    repeat_combine_kernel<T, AccT, IndexT><<<blocks, kThreads, 0, stream>>>(partials, dx.mutable_data_ptr<T>(), n,
-                                                                          static_cast<IndexT>(c.splits));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cuda::launch(repeat_combine_kernel<T, AccT, IndexT>, {.grid = dim3(blocks), .block = dim3(kThreads), .early = true},
+                 partials, dx.mutable_data_ptr<T>(), n, static_cast<IndexT>(c.splits));
   }
 }
 

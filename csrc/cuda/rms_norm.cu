@@ -385,6 +385,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster) {
   constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
+  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
   __shared__ AccT scratch[32];
@@ -550,6 +551,7 @@ __global__ void __launch_bounds__(kLoopedThreads)
     rms_norm_bwd_looped_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                                const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials, int64_t M,
                                int64_t N) {
+  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
   __shared__ AccT scratch[32];
   const int64_t nv = N / V;
   AccT* part = partials != nullptr ? partials + int64_t(blockIdx.x) * N : nullptr;
@@ -595,9 +597,12 @@ __global__ void __launch_bounds__(kLoopedThreads)
 
 // dw[c] = sum_{p = 0 .. P-1} partials[p][c]: thread (c, s) adds p = s, s + S, ...
 // in order, then the S slice sums are added in slice order. Deterministic.
+// Launched early (cuda::LaunchShape): its CTAs start while the backward kernel
+// that writes the partials still runs, and wait here for it to end.
 template <typename AccT, typename W>
 __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
     rms_norm_dw_sum_kernel(const AccT* __restrict__ partials, W* __restrict__ dw, int64_t P, int64_t N) {
+  cuda::wait_for_previous_grid();
   __shared__ AccT part[kReduceSlices][kReduceCols];
   const int64_t col = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
   AccT s = 0;
@@ -616,14 +621,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 
 // ---------------------------------------------------------------------------
 // Launchers.
-
-template <typename... KernelArgs, typename... Args>
-void launch(void (*kernel)(KernelArgs...), int64_t ctas, int block, int cluster, int64_t smem, Args... args) {
-  cuda::allow_dynamic_smem(kernel, smem);
-  const cuda::ClusterLaunch launch(ctas, block, cluster, smem, c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
 
 // Calls fn(std::integral_constant<int, V>) with V the chosen vector width.
 template <typename T, typename Fn>
@@ -727,13 +724,14 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
         auto* yp = output.mutable_data_ptr<scalar_t>();
         auto* rp = rstd.mutable_data_ptr<acc_t>();
         if (c.looped) {
-          launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, xp, wp, yp, rp,
-                 rows.M, rows.N, static_cast<acc_t>(e));
+          cuda::launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>,
+                       {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp, rows.M, rows.N,
+                       static_cast<acc_t>(e));
         } else {
           with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
-            launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>, c.clusters * c.cluster,
-                   c.block, c.cluster, 0, xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
-                   static_cast<acc_t>(e));
+            cuda::launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>,
+                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster}, xp,
+                         wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e));
           });
         }
       });
@@ -801,20 +799,23 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
         acc_t* parts = want_dw && !direct ? static_cast<acc_t*>(ws.mutable_data_ptr()) : nullptr;
         W* dwp = direct ? grad_weight.mutable_data_ptr<W>() : nullptr;
         if (c.looped) {
-          launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.clusters, c.block, 1, 0, gp, xp, rp, wp, dxp,
-                 parts, rows.M, rows.N);
+          cuda::launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>,
+                       {.grid = dim3(c.clusters), .block = dim3(c.block)}, gp, xp, rp, wp, dxp, parts, rows.M,
+                       rows.N);
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
-            launch(kernel, c.clusters * c.cluster, c.block, c.cluster, c.smem, gp, xp, rp, wp, dxp, parts, dwp,
-                   rows.M, static_cast<int>(rows.N), c.group, c.cluster);
+            cuda::launch(kernel,
+                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
+                          .smem = c.smem},
+                         gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster);
           });
         }
         if (want_dw && !direct) {
-          const dim3 block(kReduceCols, kReduceSlices);
-          const auto stream = c10::cuda::getCurrentCUDAStream();
-          rms_norm_dw_sum_kernel<acc_t, W><<<ceil_div<int64_t>(rows.N, kReduceCols), block, 0, stream>>>(
-              parts, grad_weight.mutable_data_ptr<W>(), c.clusters, rows.N);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          cuda::launch(rms_norm_dw_sum_kernel<acc_t, W>,
+                       {.grid = dim3(ceil_div<int64_t>(rows.N, kReduceCols)),
+                        .block = dim3(kReduceCols, kReduceSlices),
+                        .early = true},
+                       parts, grad_weight.mutable_data_ptr<W>(), c.clusters, rows.N);
         }
       });
     });

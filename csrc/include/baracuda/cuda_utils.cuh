@@ -1,10 +1,12 @@
 // Small CUDA helpers shared by every .cu file: 16-byte vectors and alignment,
-// device facts, warp/block reductions in a fixed order (deterministic).
+// device facts, kernel launches (clusters, early launches), warp/block
+// reductions in a fixed order (deterministic).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -159,29 +161,46 @@ void allow_dynamic_smem(void (*kernel)(Args...), int64_t smem) {
   }
 }
 
-// A cudaLaunchKernelEx configuration: `ctas` CTAs of `block` threads with `smem`
-// dynamic shared-memory bytes, grouped in thread-block clusters of `cluster` CTAs
-// (sm_90; 1 = no clusters). Not copyable: config.attrs points into it.
-struct ClusterLaunch {
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attr[1] = {};
+// How a kernel is launched (cudaLaunchKernelEx): `grid` CTAs of `block` threads,
+// `smem` dynamic shared-memory bytes per CTA, thread-block clusters of `cluster`
+// CTAs along x (sm_90; 1 = no clusters), and `early`: a programmatic dependent
+// launch (sm_90), whose CTAs may start while the previous kernel in the stream
+// still runs (once that kernel's CTAs have all called start_next_grid or ended).
+// A kernel launched early calls wait_for_previous_grid() before it touches memory.
+struct LaunchShape {
+  dim3 grid;
+  dim3 block;
+  int cluster = 1;
+  int64_t smem = 0;
+  bool early = false;
+};
 
-  ClusterLaunch(int64_t ctas, int block, int cluster, int64_t smem, cudaStream_t stream) {
-    config.gridDim = dim3(static_cast<unsigned>(ctas));
-    config.blockDim = dim3(block);
-    config.dynamicSmemBytes = static_cast<size_t>(smem);
+// The cudaLaunchConfig_t of a LaunchShape. Not copyable: config.attrs points into it.
+struct LaunchConfig {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attrs[2] = {};
+
+  LaunchConfig(const LaunchShape& shape, cudaStream_t stream) {
+    config.gridDim = shape.grid;
+    config.blockDim = shape.block;
+    config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
     config.stream = stream;
-    if (cluster > 1) {
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = cluster;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      config.attrs = attr;
-      config.numAttrs = 1;
+    config.attrs = attrs;
+    if (shape.cluster > 1) {
+      auto& a = attrs[config.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = shape.cluster;
+      a.val.clusterDim.y = 1;
+      a.val.clusterDim.z = 1;
+    }
+    if (shape.early) {
+      auto& a = attrs[config.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
     }
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
 
 // How many CTAs (cluster == 1) or thread-block clusters of `kernel`, launched with
@@ -205,12 +224,40 @@ int64_t resident_groups(void (*kernel)(Args...), int block, int cluster, int64_t
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, static_cast<size_t>(smem)));
       n *= num_sms();
     } else {
-      const ClusterLaunch one_cluster(cluster, block, cluster, smem, nullptr);
+      const LaunchConfig one_cluster({.grid = dim3(cluster), .block = dim3(block), .cluster = cluster, .smem = smem},
+                                     nullptr);
       C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &one_cluster.config));
     }
     it = cache.emplace(key, std::max(n, 1)).first;
   }
   return it->second;
+}
+
+// Launches kernel(args...) on the current stream as `shape` says. An early launch
+// is asked for only on sm_90 and later devices (the attribute needs them).
+template <typename... KernelArgs, typename... Args>
+void launch(void (*kernel)(KernelArgs...), LaunchShape shape, Args... args) {
+  allow_dynamic_smem(kernel, shape.smem);
+  shape.early = shape.early && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  const LaunchConfig launch(shape, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));
+}
+
+// Programmatic dependent launch, device side (no-ops before sm_90).
+// wait_for_previous_grid: in a kernel launched early, blocks until the previous
+// kernel in the stream has ended and its writes are visible.
+// start_next_grid: lets the next kernel in the stream, if launched early, start
+// its CTAs now; they still wait for this grid to end before touching memory.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void start_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // Sum across a warp with a fixed butterfly order: every lane gets the same,
