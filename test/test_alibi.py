@@ -9,7 +9,7 @@ from baracuda_ops.ops.alibi import reference, reference_slope_grad
 from helpers import FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, opcheck, poison, random
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
-# path), Q > K and Q < K, decode (Q = 1), a shape whose slope gradient spreads each
+# path), Q > K and Q < K, decode (Q = 1), shapes whose slope gradient spreads each
 # head over several chunks on a GPU, and every zero-size dim.
 SHAPES = [
     (2, 3, 4, 5),
@@ -20,6 +20,7 @@ SHAPES = [
     (2, 2, 9, 3),
     (4, 3, 1, 4096),
     (2, 4, 128, 256),
+    (2, 20, 64, 256),
     (0, 2, 3, 4),
     (2, 0, 3, 4),
     (2, 2, 0, 4),
@@ -163,7 +164,8 @@ def test_gradcheck_and_gradgradcheck(device):
 
 
 @pytest.mark.parametrize("shape,dtype", [((2, 4, 128, 256), torch.float32), ((4, 8, 1, 4096), torch.bfloat16),
-                                         ((3, 2, 33, 65), torch.float16), ((2, 4, 64, 64), torch.float64)])
+                                         ((2, 20, 64, 256), torch.float32), ((3, 2, 33, 65), torch.float16),
+                                         ((2, 4, 64, 64), torch.float64)])
 def test_backward_bit_identical_twice(device, shape, dtype):
     grad = random(shape, dtype, device)
     slopes = _slopes(shape[1], torch.float32, device)
