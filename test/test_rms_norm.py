@@ -273,6 +273,28 @@ def test_opcheck_out_variants(device):
             {"grad_input": gi, "grad_weight": gw, "workspace": ws})
 
 
+@pytest.mark.parametrize("shape", [(1, 4096), (1, 8192), (8, 4096)])
+@pytest.mark.parametrize("wdt", [torch.bfloat16, torch.float32])
+def test_backward_out_grad_weight_at_any_offset(device, shape, wdt):
+    """grad_weight of the out-variant may start anywhere in its buffer (on CUDA a
+    single row writes dW directly, in 16-byte stores only where it is aligned)."""
+    n = shape[1]
+    x, g = random(shape, torch.bfloat16, device), random(shape, torch.bfloat16, device)
+    w = random((n,), wdt, device)
+    _, r = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    expected_dx, expected_dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], r, w, [True, True])
+    plan = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(shape, (n,), torch.bfloat16,
+                                                                                          weight_dtype=wdt,
+                                                                                          device=device))
+    ws = torch.empty(plan.workspace_size(), dtype=torch.uint8, device=device)
+    for offset in (0, 1, 3):
+        gw = poison(torch.empty(n + offset, dtype=wdt, device=device))[offset:]
+        gi = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        torch.ops.baracuda.rms_norm_backward.out(g, x, [n], r, w, [True, True], grad_input=gi, grad_weight=gw,
+                                                 workspace=ws)
+        assert torch.equal(gw, expected_dw) and torch.equal(gi, expected_dx)
+
+
 def test_compile_module_matches_eager(device):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), baracuda_ops.nn.RMSNorm(32), torch.nn.Linear(32, 8),

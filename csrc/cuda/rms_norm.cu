@@ -238,6 +238,20 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col
   }
 }
 
+// out[0 .. V) = v as W, in 16-byte stores where the width allows (out aligned to
+// the store: 16 bytes, or sizeof(W) * V when that is less).
+template <typename W, int V, typename AccT>
+__device__ __forceinline__ void store_row_slice(W* __restrict__ out, const AccT (&v)[V]) {
+  constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
+#pragma unroll
+  for (int c = 0; c < V / kChunk; ++c) {
+    cuda::Vec<W, kChunk> chunk;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) chunk.v[i] = static_cast<W>(v[c * kChunk + i]);
+    cuda::store_vec<W, kChunk>(out + c * kChunk, chunk);
+  }
+}
+
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cg::this_cluster().sync();
@@ -459,9 +473,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     }
   }
   if (want_dw && (kFewRows || L.rows_per_cta == 1)) {
-    // One row per CTA: a thread's own slots are its columns' sums. The partial row
-    // (16-byte aligned: the workspace, N a multiple of V) takes 16-byte stores; one
-    // store per element, each lane's in another sector, cost microseconds at decode.
+    // One row per CTA: a thread's own slots are its columns' sums. They take
+    // vector stores (one store per element, each lane's in another sector, cost
+    // microseconds at decode): the partial row always (the workspace is 16-byte
+    // aligned, N a multiple of V), dW itself when it is 16-byte aligned (an
+    // out-variant's grad_weight need not be).
+    const bool dw_vectors = reinterpret_cast<uintptr_t>(dw_direct) % 16 == 0;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
@@ -469,19 +486,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       AccT sums[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) sums[i] = dw_sum(j * V + i);
-      if (dw_direct != nullptr) {
+      if (dw_direct == nullptr) {
+        store_row_slice<AccT, V>(partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V, sums);
+      } else if (dw_vectors) {
+        store_row_slice<W, V>(dw_direct + int64_t(q) * V, sums);
+      } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) dw_direct[int64_t(q) * V + i] = static_cast<W>(sums[i]);
-      } else {
-        AccT* out = partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V;
-        constexpr int kChunk = sizeof(AccT) * V >= 16 ? static_cast<int>(16 / sizeof(AccT)) : V;
-#pragma unroll
-        for (int c = 0; c < V / kChunk; ++c) {
-          cuda::Vec<AccT, kChunk> chunk;
-#pragma unroll
-          for (int i = 0; i < kChunk; ++i) chunk.v[i] = sums[c * kChunk + i];
-          cuda::store_vec<AccT, kChunk>(out + c * kChunk, chunk);
-        }
       }
     }
   } else if (want_dw) {
