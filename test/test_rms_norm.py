@@ -461,11 +461,15 @@ def test_cuda_variants_follow_row_length():
     assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
     # The backward spreads a few rows only up to 8 elements per thread.
     assert variant(4096, torch.float32, backward=True, m=8) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
-    assert variant(8192, torch.bfloat16, backward=True, m=8) == "cta_row<256,16B>+ordered_dw_sum<8 partials>"
     if torch.cuda.get_device_capability()[0] >= 9:
-        # A single row beyond that: one vector per thread over a cluster of 8.
+        # A single row beyond that, or a few rows of a CTA each (at most two CTAs per SM
+        # once spread): one vector per thread over a cluster of 8.
         assert variant(8192, torch.bfloat16, backward=True, m=1) == "cluster_row<8x128,16B,1 vector/thread>+direct_dw"
         assert variant(8192, torch.float32, backward=True, m=1) == "cluster_row<8x256,16B,1 vector/thread>+direct_dw"
+        assert (variant(8192, torch.bfloat16, backward=True, m=8)
+                == "cluster_row<8x128,16B,1 vector/thread>+ordered_dw_sum<8 partials>")
+        assert (variant(8192, torch.bfloat16, backward=True, m=sms // 4 + 1)
+                == f"cta_row<256,16B>+ordered_dw_sum<{sms // 4 + 1} partials>")
 
 
 # ---------------------------------------------------------------------------- schemas and errors
