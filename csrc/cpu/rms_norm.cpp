@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "baracuda/checks.h"
@@ -34,33 +35,57 @@ acc_t combine_lanes(const std::array<acc_t, kLanes>& lanes) {
   return s;
 }
 
+// sum_i a_i * b_i over kLanes independent accumulators (a loop the compiler
+// vectorizes), combined in a fixed order.
+template <typename acc_t>
+acc_t dot(const acc_t* a, const acc_t* b, int64_t N) {
+  std::array<acc_t, kLanes> lanes{};
+  int64_t i = 0;
+  for (; i + kLanes <= N; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
+  }
+  for (; i < N; ++i) lanes[0] += a[i] * b[i];
+  return combine_lanes(lanes);
+}
+
+// A row of T as acc_t: the row itself when T is acc_t, else converted into buf
+// once, so the passes over it run on acc_t (vectorized) instead of converting
+// every element again.
+template <typename acc_t, typename T>
+const acc_t* row_as_acc(const T* row, int64_t N, std::vector<acc_t>& buf) {
+  if constexpr (std::is_same_v<T, acc_t>) {
+    return row;
+  } else {
+    buf.resize(N);
+    for (int64_t j = 0; j < N; ++j) buf[j] = static_cast<acc_t>(row[j]);
+    return buf.data();
+  }
+}
+
+// The weight as acc_t, or ones without one (multiplying by 1 is exact, so the
+// results equal the weightless formulas).
+template <typename acc_t, typename W>
+std::vector<acc_t> weight_as_acc(const W* w, int64_t N) {
+  std::vector<acc_t> out(N, acc_t(1));
+  if (w != nullptr) {
+    for (int64_t j = 0; j < N; ++j) out[j] = static_cast<acc_t>(w[j]);
+  }
+  return out;
+}
+
 // ss = sum_i x_i^2 ; rstd = 1 / sqrt(ss / N + eps) ; y_i = x_i * rstd * w_i.
 template <typename T, typename W, typename acc_t>
 void forward_rows(const T* x, const W* w, T* y, acc_t* rstd, int64_t M, int64_t N, acc_t eps) {
+  const std::vector<acc_t> wa = weight_as_acc<acc_t>(w, N);
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
   at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> x_buf;
     for (int64_t row = begin; row < end; ++row) {
-      const T* xr = x + row * N;
+      const acc_t* xa = row_as_acc<acc_t>(x + row * N, N, x_buf);
       T* yr = y + row * N;
-      std::array<acc_t, kLanes> lanes{};
-      int64_t i = 0;
-      for (; i + kLanes <= N; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) {
-          const acc_t v = static_cast<acc_t>(xr[i + l]);
-          lanes[l] += v * v;
-        }
-      }
-      for (; i < N; ++i) {
-        const acc_t v = static_cast<acc_t>(xr[i]);
-        lanes[0] += v * v;
-      }
-      const acc_t r = acc_t(1) / std::sqrt(combine_lanes(lanes) / static_cast<acc_t>(N) + eps);
+      const acc_t r = acc_t(1) / std::sqrt(dot(xa, xa, N) / static_cast<acc_t>(N) + eps);
       rstd[row] = r;
-      if (w != nullptr) {
-        for (int64_t j = 0; j < N; ++j) yr[j] = static_cast<T>(static_cast<acc_t>(xr[j]) * r * static_cast<acc_t>(w[j]));
-      } else {
-        for (int64_t j = 0; j < N; ++j) yr[j] = static_cast<T>(static_cast<acc_t>(xr[j]) * r);
-      }
+      for (int64_t j = 0; j < N; ++j) yr[j] = static_cast<T>(xa[j] * r * wa[j]);
     }
   });
 }
@@ -71,50 +96,41 @@ void forward_rows(const T* x, const W* w, T* y, acc_t* rstd, int64_t M, int64_t 
 // partial row (rows in order), then the partials are added in chunk order.
 template <typename T, typename W, typename acc_t>
 void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx, W* dw, int64_t M, int64_t N) {
+  const std::vector<acc_t> wa = weight_as_acc<acc_t>(w, N);
   const int64_t chunks = std::min(M, kMaxChunks);
   const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
   std::vector<acc_t> partials(dw != nullptr ? chunks * N : 0);
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    std::vector<acc_t> dy_buf, x_buf, g_buf(dx != nullptr ? N : 0);
     for (int64_t c = c_begin; c < c_end; ++c) {
       acc_t* part = dw != nullptr ? partials.data() + c * N : nullptr;
       const int64_t row_end = std::min(M, (c + 1) * rows_per_chunk);
       for (int64_t row = c * rows_per_chunk; row < row_end; ++row) {
-        const T* dyr = dy + row * N;
-        const T* xr = x + row * N;
+        const acc_t* dya = row_as_acc<acc_t>(dy + row * N, N, dy_buf);
+        const acc_t* xa = row_as_acc<acc_t>(x + row * N, N, x_buf);
         const acc_t r = rstd[row];
         if (dx != nullptr) {
-          std::array<acc_t, kLanes> lanes{};
-          int64_t i = 0;
-          for (; i + kLanes <= N; i += kLanes) {
-            for (int l = 0; l < kLanes; ++l) {
-              const acc_t g = static_cast<acc_t>(dyr[i + l]) * (w ? static_cast<acc_t>(w[i + l]) : acc_t(1));
-              lanes[l] += g * static_cast<acc_t>(xr[i + l]);
-            }
-          }
-          for (; i < N; ++i) {
-            lanes[0] += static_cast<acc_t>(dyr[i]) * (w ? static_cast<acc_t>(w[i]) : acc_t(1)) *
-                        static_cast<acc_t>(xr[i]);
-          }
-          const acc_t k = r * r * r * combine_lanes(lanes) / static_cast<acc_t>(N);
+          acc_t* g = g_buf.data();
+          for (int64_t j = 0; j < N; ++j) g[j] = dya[j] * wa[j];
+          const acc_t k = r * r * r * dot(g, xa, N) / static_cast<acc_t>(N);
           T* dxr = dx + row * N;
-          for (int64_t j = 0; j < N; ++j) {
-            const acc_t g = static_cast<acc_t>(dyr[j]) * (w ? static_cast<acc_t>(w[j]) : acc_t(1));
-            dxr[j] = static_cast<T>(r * g - static_cast<acc_t>(xr[j]) * k);
-          }
+          for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<T>(r * g[j] - xa[j] * k);
         }
         if (part != nullptr) {
-          for (int64_t j = 0; j < N; ++j) part[j] += static_cast<acc_t>(dyr[j]) * static_cast<acc_t>(xr[j]) * r;
+          for (int64_t j = 0; j < N; ++j) part[j] += dya[j] * xa[j] * r;
         }
       }
     }
   });
   if (dw == nullptr) return;
-  at::parallel_for(0, N, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      acc_t s = 0;
-      for (int64_t c = 0; c < chunks; ++c) s += partials[c * N + j];
-      dw[j] = static_cast<W>(s);
+  constexpr int64_t kCols = 4096;
+  at::parallel_for(0, N, kCols, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> s(end - begin, acc_t(0));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const acc_t* p = partials.data() + c * N + begin;
+      for (int64_t j = 0; j < end - begin; ++j) s[j] += p[j];
     }
+    for (int64_t j = begin; j < end; ++j) dw[j] = static_cast<W>(s[j - begin]);
   });
 }
 
