@@ -6,33 +6,51 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <limits>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "baracuda/alibi.h"
 #include "baracuda/checks.h"
+#include "baracuda/cpu_utils.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
 namespace {
 
+// Calls fn(IndexT{}) with the type of the in-row index j: int32_t when K and Q
+// fit (its conversions to floating point vectorize; the values are the same).
+template <typename Fn>
+void with_row_index(const AlibiShape& s, Fn&& fn) {
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  if (s.keys <= kMax32 && s.queries <= kMax32) {
+    fn(int32_t{});
+  } else {
+    fn(int64_t{});
+  }
+}
+
 // y[row, j] = x[row, j] + slopes[h] * (j - i) over the rows of K elements of the
 // contiguous [B, H, Q, K] tensor, row = (b H + h) Q + i. x may equal y (in place).
 template <typename scalar_t, typename slope_t, typename acc_t>
 void alibi_rows(const scalar_t* x, const slope_t* slopes, scalar_t* y, const AlibiShape& s) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, s.keys));
-  at::parallel_for(0, s.rows(), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % s.queries;
-      const acc_t m = static_cast<acc_t>(slopes[(row / s.queries) % s.heads]);
-      const scalar_t* xr = x + row * s.keys;
-      scalar_t* yr = y + row * s.keys;
-      for (int64_t j = 0; j < s.keys; ++j) {
-        yr[j] = static_cast<scalar_t>(static_cast<acc_t>(xr[j]) + m * static_cast<acc_t>(j - i));
+  with_row_index(s, [&](auto index_tag) {
+    using IndexT = decltype(index_tag);
+    const auto keys = static_cast<IndexT>(s.keys);
+    at::parallel_for(0, s.rows(), grain, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> x_buf;
+      for (int64_t row = begin; row < end; ++row) {
+        const auto i = static_cast<IndexT>(row % s.queries);
+        const acc_t m = static_cast<acc_t>(slopes[(row / s.queries) % s.heads]);
+        const acc_t* xr = cpu::row_as_acc<acc_t>(x + row * s.keys, s.keys, x_buf);
+        scalar_t* yr = y + row * s.keys;
+        for (IndexT j = 0; j < keys; ++j) yr[j] = static_cast<scalar_t>(xr[j] + m * static_cast<acc_t>(j - i));
       }
-    }
+    });
   });
 }
 
@@ -75,21 +93,24 @@ void alibi_inplace_cpu(const at::Tensor& scores, const at::Tensor& slopes) {
 }
 
 // grad_slopes[h] = sum over b, then i, of row_sum[(b H + h) Q + i], with
-// row_sum[row] = sum_j grad[row, j] * (j - i) accumulated in acc_t in j order.
-// The row sums run in parallel; their order of combination is fixed, so the
-// result does not depend on the thread count.
+// row_sum[row] = sum_j grad[row, j] * (j - i) accumulated in acc_t by
+// cpu::lane_sum (a fixed order). The row sums run in parallel; their order of
+// combination is fixed, so the result does not depend on the thread count.
 template <typename scalar_t, typename slope_t, typename acc_t>
 void alibi_slope_grad(const scalar_t* grad, slope_t* grad_slopes, const AlibiShape& s) {
   std::vector<acc_t> row_sum(s.rows());
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, s.keys));
-  at::parallel_for(0, s.rows(), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % s.queries;
-      const scalar_t* g = grad + row * s.keys;
-      acc_t acc = 0;
-      for (int64_t j = 0; j < s.keys; ++j) acc += static_cast<acc_t>(g[j]) * static_cast<acc_t>(j - i);
-      row_sum[row] = acc;
-    }
+  with_row_index(s, [&](auto index_tag) {
+    using IndexT = decltype(index_tag);
+    at::parallel_for(0, s.rows(), grain, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> g_buf;
+      for (int64_t row = begin; row < end; ++row) {
+        const auto i = static_cast<IndexT>(row % s.queries);
+        const acc_t* g = cpu::row_as_acc<acc_t>(grad + row * s.keys, s.keys, g_buf);
+        row_sum[row] = cpu::lane_sum<acc_t>(static_cast<IndexT>(s.keys),
+                                            [&](IndexT j) { return g[j] * static_cast<acc_t>(j - i); });
+      }
+    });
   });
   for (int64_t h = 0; h < s.heads; ++h) {
     acc_t total = 0;

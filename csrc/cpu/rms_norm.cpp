@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "baracuda/checks.h"
+#include "baracuda/cpu_utils.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/rms_norm.h"
 #include "baracuda/variant.h"
@@ -20,46 +21,14 @@
 namespace baracuda {
 namespace {
 
-// Independent accumulators, so the compiler can vectorize the sum; combined in a
-// fixed order at the end.
-constexpr int kLanes = 8;
-
 // Rows per dW chunk: the row range is cut into at most kMaxChunks chunks, a
 // function of M alone, so dW is the same whatever the thread count.
 constexpr int64_t kMaxChunks = 64;
 
-template <typename acc_t>
-acc_t combine_lanes(const std::array<acc_t, kLanes>& lanes) {
-  acc_t s = 0;
-  for (int l = 0; l < kLanes; ++l) s += lanes[l];
-  return s;
-}
-
-// sum_i a_i * b_i over kLanes independent accumulators (a loop the compiler
-// vectorizes), combined in a fixed order.
+// sum_i a_i * b_i, vectorized, in a fixed order.
 template <typename acc_t>
 acc_t dot(const acc_t* a, const acc_t* b, int64_t N) {
-  std::array<acc_t, kLanes> lanes{};
-  int64_t i = 0;
-  for (; i + kLanes <= N; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
-  }
-  for (; i < N; ++i) lanes[0] += a[i] * b[i];
-  return combine_lanes(lanes);
-}
-
-// A row of T as acc_t: the row itself when T is acc_t, else converted into buf
-// once, so the passes over it run on acc_t (vectorized) instead of converting
-// every element again.
-template <typename acc_t, typename T>
-const acc_t* row_as_acc(const T* row, int64_t N, std::vector<acc_t>& buf) {
-  if constexpr (std::is_same_v<T, acc_t>) {
-    return row;
-  } else {
-    buf.resize(N);
-    for (int64_t j = 0; j < N; ++j) buf[j] = static_cast<acc_t>(row[j]);
-    return buf.data();
-  }
+  return cpu::lane_sum<acc_t>(N, [&](int64_t i) { return a[i] * b[i]; });
 }
 
 // The weight as acc_t, or ones without one (multiplying by 1 is exact, so the
@@ -81,7 +50,7 @@ void forward_rows(const T* x, const W* w, T* y, acc_t* rstd, int64_t M, int64_t 
   at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> x_buf;
     for (int64_t row = begin; row < end; ++row) {
-      const acc_t* xa = row_as_acc<acc_t>(x + row * N, N, x_buf);
+      const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
       T* yr = y + row * N;
       const acc_t r = acc_t(1) / std::sqrt(dot(xa, xa, N) / static_cast<acc_t>(N) + eps);
       rstd[row] = r;
@@ -106,8 +75,8 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
       acc_t* part = dw != nullptr ? partials.data() + c * N : nullptr;
       const int64_t row_end = std::min(M, (c + 1) * rows_per_chunk);
       for (int64_t row = c * rows_per_chunk; row < row_end; ++row) {
-        const acc_t* dya = row_as_acc<acc_t>(dy + row * N, N, dy_buf);
-        const acc_t* xa = row_as_acc<acc_t>(x + row * N, N, x_buf);
+        const acc_t* dya = cpu::row_as_acc<acc_t>(dy + row * N, N, dy_buf);
+        const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
         const acc_t r = rstd[row];
         if (dx != nullptr) {
           acc_t* g = g_buf.data();
