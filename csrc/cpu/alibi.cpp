@@ -108,7 +108,7 @@ void alibi_slope_grad(const scalar_t* grad, slope_t* grad_slopes, const AlibiSha
         const auto i = static_cast<IndexT>(row % s.queries);
         const acc_t* g = cpu::row_as_acc<acc_t>(grad + row * s.keys, s.keys, g_buf);
         row_sum[row] = cpu::lane_sum<acc_t>(static_cast<IndexT>(s.keys),
-                                            [&](IndexT j) { return g[j] * static_cast<acc_t>(j - i); });
+                                            [g, i](IndexT j) { return g[j] * static_cast<acc_t>(j - i); });
       }
     });
   });

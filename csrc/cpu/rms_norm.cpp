@@ -28,7 +28,7 @@ constexpr int64_t kMaxChunks = 64;
 // sum_i a_i * b_i, vectorized, in a fixed order.
 template <typename acc_t>
 acc_t dot(const acc_t* a, const acc_t* b, int64_t N) {
-  return cpu::lane_sum<acc_t>(N, [&](int64_t i) { return a[i] * b[i]; });
+  return cpu::lane_sum<acc_t>(N, [a, b](int64_t i) { return a[i] * b[i]; });
 }
 
 // The weight as acc_t, or ones without one (multiplying by 1 is exact, so the

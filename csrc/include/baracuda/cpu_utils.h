@@ -27,15 +27,16 @@ acc_t combine_lanes(const Lanes<acc_t>& lanes) {
 
 // sum_{j < n} term(j), term(j) added to lane j % kLanes, the lanes combined in
 // order. IndexT is the loop index (int32_t where n allows: its conversions to
-// floating point vectorize).
+// floating point vectorize). Pass term capturing by value: a lambda that captures
+// its pointers by reference kept this loop from vectorizing (2x slower).
 template <typename acc_t, typename IndexT, typename Term>
-acc_t lane_sum(IndexT n, Term&& term) {
+acc_t lane_sum(IndexT n, Term term) {
   Lanes<acc_t> lanes{};
-  IndexT j = 0;
-  for (; j <= n - kLanes; j += kLanes) {
+  const IndexT whole = n - n % kLanes;
+  for (IndexT j = 0; j < whole; j += kLanes) {
     for (int l = 0; l < kLanes; ++l) lanes[l] += term(j + l);
   }
-  for (; j < n; ++j) lanes[0] += term(j);
+  for (IndexT j = whole; j < n; ++j) lanes[0] += term(j);
   return combine_lanes(lanes);
 }
 
