@@ -10,7 +10,8 @@
 //   - a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1 or 2
 //     (backward: at most 8 elements per thread), so at most 512 threads hold the
 //     row, with w loaded together with x and (backward) the dW sums in registers;
-//   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
+//   - the backward of a single row, or of a few rows of a CTA each, too long for
+//     that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
 // Backward rows that need a cluster run two CTAs per SM (64 registers).
 // Rows longer than kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use
@@ -302,7 +303,7 @@ struct RowLayout {
   int64_t first;     // first row of this CTA's row group
   int64_t step;      // rows between two iterations
 
-  // One row per CTA and no cluster (the few-rows launches, but for a single row
+  // One row per CTA and no cluster (the few-rows launches, but for rows spread
   // over a cluster): no divisions on the way to the first load.
   __device__ RowLayout()
       : g(0), u(threadIdx.x), row_threads(blockDim.x), rank(0), rows_per_cta(1), first(blockIdx.x), step(gridDim.x) {}
