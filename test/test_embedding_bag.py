@@ -335,6 +335,36 @@ def test_backward_plan_with_caller_workspace(device, mode):
         baracuda_ops.EmbeddingBagBackwardPlan.select(desc, baracuda_ops.PlanPreference(max_workspace_bytes=0))
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dim", [3, 8, 64, 200])
+def test_backward_out_writes_every_row_over_dirty_buffers(device, mode, dim):
+    # Most of the 1003 rows (not a multiple of 32) have no position and must come out
+    # zero; the last row, in the CUDA fill's last partial group of 32 rows, has many.
+    # grad_weight starts as NaN and the workspace as 0xff bytes. dim 3 takes the scalar
+    # kernels; dims 3 and 8 take the late fill on CUDA, 64 and 200 the early one.
+    num_weights, n = 1003, 300
+    idx = torch.randint(0, num_weights, (n,), device=device)
+    idx[::7] = num_weights - 1
+    off = torch.arange(0, n, 5, device=device)
+    w = torch.randn(num_weights, dim, device=device)
+    out, o2b, bag_size, mp = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, -1)
+    grad = torch.randn_like(out)
+    desc = baracuda_ops.EmbeddingBagBackwardDescriptor(num_weights, dim, (n,), off.numel(), mode, device=device)
+    plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
+    if device.type == "cuda":  # the fill of unused rows starts early from 512 bytes of grad_weight per index
+        assert plan.sku().variant.endswith("early_zero_fill>" if num_weights * dim * 4 >= 512 * n else "late_zero_fill>")
+    ws = baracuda_ops.Workspace.allocate(plan.workspace_size(), device)
+    ws.buffer.fill_(255)
+    gw = poison(torch.empty(num_weights, dim, device=device))
+    plan.run(baracuda_ops.EmbeddingBagBackwardArgs(grad, idx, o2b, bag_size, mp, gw), ws)
+    ref, w64, _ = reference(idx, w, off, mode)
+    (ref_dw,) = torch.autograd.grad(ref, w64, grad.cpu().double())
+    assert_close(gw, ref_dw, dtype=torch.float32, scale=4)
+    unused = torch.ones(num_weights, dtype=torch.bool)
+    unused[idx.cpu()] = False
+    assert unused.sum() > num_weights // 2 and torch.equal(gw.cpu()[unused], torch.zeros(int(unused.sum()), dim))
+
+
 def test_plan_errors(device):
     desc = baracuda_ops.EmbeddingBagDescriptor(25, 8, (40,), 7, "sum", device=device)
     plan = baracuda_ops.EmbeddingBagPlan.select(desc)

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -33,11 +34,13 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;          // forward: bag entries whose loads are in flight together
-constexpr int kSumUnroll = 4;       // backward: sorted positions whose loads are in flight together
+constexpr int kSweepUnroll = 8;     // backward: sorted positions whose grad rows are in flight together
+constexpr int kSweepChunks = 32;    // backward: most chunks per CTA of the sweep (its shared memory)
 constexpr int64_t kChunk = 64;      // backward: sorted positions per chunk
 constexpr int64_t kGroup = 32;      // backward: chunks per group partial
 constexpr int64_t kU32Limit = 0xffffffff;  // backward: sort keys, positions and run ends are uint32
-constexpr uint32_t kNoRun = 0xffffffffu;   // backward: run_start of a row with no run
+constexpr int kZeroRowsPerSm = 2;          // backward: CTAs per SM of the unused-row fill (it shares the GPU)
+constexpr int64_t kEarlyFillBytes = 512;   // backward: grad_weight bytes per index from which the fill starts early
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -63,20 +66,30 @@ std::string team_name(const TeamChoice& c, int64_t elem_bytes) {
 
 int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
 
+// Backward: where the rows with no run are told apart, and so when their fill
+// starts. Early: make_keys_kernel marks each used position's row (a store per
+// index, 10-30 us at 0.3-1.6M indices), and the fill runs beside the sort and
+// the sums. Late: runs_kernel marks each run's row (a store per row with a run),
+// and the fill runs beside the sums only. Early pays when grad_weight is large
+// for the number of indices (measured on the H100: 512 MB for 327k indices).
+bool early_fill(int64_t num_weights, int64_t dim, int64_t elem_bytes, int64_t num_indices) {
+  return num_weights * dim * elem_bytes >= kEarlyFillBytes * num_indices;
+}
+
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 
 // Backward scratch, byte offsets into the workspace (each 256-aligned):
 // sort keys and positions (double-buffered; after the sort the spare key buffer
 // holds each sorted position's bag), CUB's temporary storage, the end of each
-// row's run in the sorted order, the start of each row's run (kNoRun for rows
-// with none), the chunk/group partials, and (max mode) the columns each position
-// won, a bit per column.
+// row's run in the sorted order, the rows some used position names (a byte per
+// row), the chunk/group partials, and (max mode) the columns each position won,
+// a bit per column.
 struct BackwardLayout {
   int end_bit = 0;
   size_t cub_bytes = 0;
   int64_t num_chunks = 0, num_groups = 0;
   int64_t mask_words = 0;  // max mode: 32-bit words of won columns per position
-  int64_t keys[2], vals[2], cub, run_end, run_start, head, tail, group, mask, total;
+  int64_t keys[2], vals[2], cub, run_end, used, head, tail, group, mask, total;
 };
 
 BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t num_bags, int64_t dim,
@@ -101,8 +114,8 @@ BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t
   at += align256(static_cast<int64_t>(l.cub_bytes));
   l.run_end = at;
   at += align256(num_weights * 4);
-  l.run_start = at;
-  at += align256(num_weights * 4);
+  l.used = at;
+  at += align256(num_weights);
   l.head = at;
   at += align256(l.num_chunks * dim * acc_bytes);
   l.tail = at;
@@ -123,8 +136,9 @@ int64_t grid_stride_blocks(int64_t n) {
 // Forward. One team of `team` threads per bag; each thread owns `V` adjacent
 // columns (one 16-byte vector when D allows) and walks the bag's entries in
 // position order, kUnroll entries' loads in flight at a time (kMax: max mode,
-// a separate instantiation, so that sum/mean carry no max state and fit three
-// blocks per SM, 80 registers):
+// a separate instantiation, so that sum/mean carry no max state; both held to
+// three blocks per SM, 85 registers: max mode at one block per SM ran at 0.59 of
+// copy, at three 0.66):
 //   sum:  acc = sum_i w_i * weight[idx_i, cols]      (w_i = per_sample_weights[i] or 1)
 //   mean: acc = sum_i weight[idx_i, cols] / count     (0 when count == 0)
 //   max:  acc = weight[idx_first, cols], then replaced where weight[idx_i, cols] > acc
@@ -134,7 +148,7 @@ int64_t grid_stride_blocks(int64_t n) {
 // write -1 for the positions before / after every bag).
 
 template <typename T, typename AccT, typename IndexT, int V, bool kMax>
-__global__ void __launch_bounds__(kThreads, kMax ? 1 : 3)
+__global__ void __launch_bounds__(kThreads, 3)
     bag_forward_kernel(const T* __restrict__ weight, const IndexT* __restrict__ indices,
                        const IndexT* __restrict__ offsets, const T* __restrict__ psw, T* __restrict__ out,
                        int64_t* __restrict__ offset2bag, int64_t* __restrict__ bag_size,
@@ -294,31 +308,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
 //   mean: grad[bag_i] / bag_size[bag_i]
 //   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
 // Steps, no floating-point atomics: (1) key_i = indices[i] for used positions,
-// else V; max mode also marks, per position, the columns it won (a bit each, set
-// with an integer atomicOr: the result does not depend on the order); (2) stable
+// else V; max mode also marks, per position, the columns it won (bits set with
+// an integer atomicOr: the result does not depend on the order); (2) stable
 // radix sort of (key, i): each row's positions become one run, in position
-// order; (3) the start and end of each row's run in the sorted order, and each
-// sorted position's bag; (4) the sorted order is cut into chunks of kChunk
-// positions; a run that crosses a chunk boundary gets its part in each chunk
-// summed into a head (chunk's first run) or tail (chunk's last run) partial, and
-// every kGroup chunks wholly inside one run are summed again into a group partial;
-// (5) every row of grad_weight is written once: zero for a row with no run, else
-// by one team from its run: a direct ordered sum for a run inside one chunk, else
-// tail[first] + (group or head partials, in chunk order) + head[last]. Every
-// summation order is fixed by the sorted data alone, so the result is
-// bit-identical run to run.
+// order; (3) the end of each row's run in the sorted order, and each sorted
+// position's bag; (4) the sorted order is cut
+// into chunks of kChunk positions, each swept in order: a run inside one chunk
+// is summed straight into its row of grad_weight; a run that crosses a chunk
+// boundary gets its part in each chunk summed into a head (chunk's first run) or
+// tail (chunk's last run) partial, and every kGroup chunks wholly inside one run
+// are summed again into a group partial; (5) the row of each crossing run is
+// tail[first] + (group or head partials, in chunk order) + head[last]. Rows with
+// no run are zeroed by a fill on a second stream, which starts after step (1)
+// or (3) (early_fill: whichever marks the used rows) and runs beside the rest. Every row is written once; every summation order is
+// fixed by the sorted data alone, so the result is bit-identical run to run.
 
 template <typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     make_keys_kernel(const IndexT* __restrict__ indices, const int64_t* __restrict__ offset2bag, int64_t n,
                      int64_t num_weights, int64_t num_bags, int64_t padding_idx, uint32_t* __restrict__ keys,
-                     uint32_t* __restrict__ vals, uint32_t* __restrict__ won, int64_t won_words) {
+                     uint32_t* __restrict__ vals, uint8_t* __restrict__ used_rows, uint32_t* __restrict__ won,
+                     int64_t won_words) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     const int64_t idx = static_cast<int64_t>(indices[i]);
     const int64_t bag = offset2bag[i];
     const bool used = idx >= 0 && idx < num_weights && idx != padding_idx && bag >= 0 && bag < num_bags;
     keys[i] = static_cast<uint32_t>(used ? idx : num_weights);
     vals[i] = static_cast<uint32_t>(i);
+    if (used && used_rows != nullptr) used_rows[idx] = 1;  // early fill; every writer stores the same byte
     for (int64_t w = 0; w < won_words; ++w) won[i * won_words + w] = 0;  // max mode: cleared for max_won_kernel
   }
 }
@@ -339,23 +356,30 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// run_start[v] / run_end[v] = the first / one past the last sorted position of
-// row v, for the rows that have a run (run_start was set to kNoRun before;
-// run_end is read only where run_start is set); sorted_bag[p] = the bag of sorted
-// position p (read only for used positions, whose bag is valid).
+// run_end[v] = one past the last sorted position of row v, for the rows that
+// have a run (read only for those); with a late fill, used_rows[v] = 1 for them
+// (set at the run's first position: one store per row; zeroed before);
+// sorted_bag[p] = the bag of sorted position p (read only for used positions,
+// whose bag is valid).
 __global__ void __launch_bounds__(kThreads)
     runs_kernel(const uint32_t* __restrict__ keys, const uint32_t* __restrict__ sorted_pos,
                 const int64_t* __restrict__ offset2bag, int64_t n, uint32_t num_weights,
-                uint32_t* __restrict__ run_start, uint32_t* __restrict__ run_end, uint32_t* __restrict__ sorted_bag) {
+                uint32_t* __restrict__ run_end, uint8_t* __restrict__ used_rows, uint32_t* __restrict__ sorted_bag) {
   for (int64_t p = int64_t(blockIdx.x) * kThreads + threadIdx.x; p < n; p += int64_t(gridDim.x) * kThreads) {
     const uint32_t k = keys[p];
-    if (k < num_weights && (p == 0 || keys[p - 1] != k)) run_start[k] = static_cast<uint32_t>(p);
+    if (used_rows != nullptr && k < num_weights && (p == 0 || keys[p - 1] != k)) used_rows[k] = 1;  // late fill
     if (k < num_weights && (p == n - 1 || keys[p + 1] != k)) run_end[k] = static_cast<uint32_t>(p + 1);
     sorted_bag[p] = k < num_weights ? static_cast<uint32_t>(offset2bag[sorted_pos[p]]) : 0u;
   }
 }
 
-// What one sorted position adds to its row, for V adjacent columns.
+// What the sorted positions add to their rows. Per position the sweep stages
+// in shared memory its key, bag, position (max mode and per_sample_weights) and
+// `aux`: mean, the bag's size; sum, the per-sample weight (or 1). Per V adjacent
+// columns a position adds
+//   sum:  aux * grad[bag]
+//   mean: grad[bag] / aux   (nothing when aux == 0)
+//   max:  grad[bag, d] where the position won column d (won bits)
 template <typename T, typename AccT, int V>
 struct GradSource {
   const T* grad;
@@ -368,56 +392,36 @@ struct GradSource {
   int64_t mask_words;
   int64_t mode;
 
-  __device__ __forceinline__ void add(AccT (&acc)[V], const cuda::Vec<T, V>& g, uint32_t i, uint32_t bag,
-                                      uint32_t won_bits) const {
+  __device__ __forceinline__ bool needs_pos() const { return mode == kModeMax || psw != nullptr; }
+
+  // aux of a used sorted position (see above); max mode does not use it.
+  __device__ __forceinline__ AccT aux(uint32_t bag, uint32_t pos) const {
+    if (mode == kModeMean) return static_cast<AccT>(bag_size[bag]);
+    return psw != nullptr ? static_cast<AccT>(psw[pos]) : AccT(1);
+  }
+
+  // Bits of columns col .. col + V that position `pos` adds to: all in sum and
+  // mean mode, its won columns in max mode (V divides 32, so one word).
+  __device__ __forceinline__ uint32_t columns(uint32_t pos, int64_t col) const {
+    if (mode != kModeMax) return ~0u;
+    return (won[int64_t(pos) * mask_words + col / 32] >> (col % 32)) & ((1u << V) - 1u);
+  }
+
+  __device__ __forceinline__ void add(AccT (&acc)[V], const cuda::RawVec<T, V>& g, AccT a, uint32_t bits) const {
+    const auto g_at = [&](int k) { return cuda::raw_elem<AccT, T, V>(g, k); };
     if (mode == kModeMax) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        if ((won_bits >> k) & 1u) acc[k] += static_cast<AccT>(g.v[k]);
+        if ((bits >> k) & 1u) acc[k] += g_at(k);
       }
     } else if (mode == kModeMean) {
-      const int64_t n = bag_size[bag];
-      if (n > 0) {
+      if (a > AccT(0)) {
 #pragma unroll
-        for (int k = 0; k < V; ++k) acc[k] += static_cast<AccT>(g.v[k]) / static_cast<AccT>(n);
+        for (int k = 0; k < V; ++k) acc[k] += g_at(k) / a;
       }
     } else {
-      const AccT coef = psw != nullptr ? static_cast<AccT>(psw[i]) : AccT(1);
 #pragma unroll
-      for (int k = 0; k < V; ++k) acc[k] += coef * static_cast<AccT>(g.v[k]);
-    }
-  }
-
-  // acc += contributions of sorted positions [s, e), in order. Loads of
-  // kSumUnroll positions are in flight together: bags (and positions), then (max
-  // mode) won columns, then the grad rows, which max mode loads only where the
-  // position won one of this thread's V columns (V divides 32, so one word). In
-  // the other modes won_bits is ~0 for every position in range: all contribute.
-  __device__ __forceinline__ void sum_range(AccT (&acc)[V], int64_t s, int64_t e, int64_t col) const {
-    const bool need_pos = mode == kModeMax || psw != nullptr;
-    for (int64_t p = s; p < e; p += kSumUnroll) {
-      uint32_t bag[kSumUnroll], pos[kSumUnroll], won_bits[kSumUnroll];
-      cuda::Vec<T, V> g[kSumUnroll];
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u) {
-        bag[u] = p + u < e ? sorted_bag[p + u] : 0u;
-        pos[u] = p + u < e && need_pos ? sorted_pos[p + u] : 0u;
-      }
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u) {
-        won_bits[u] = p + u < e ? ~0u : 0u;
-        if (mode == kModeMax && p + u < e) {
-          won_bits[u] = (won[int64_t(pos[u]) * mask_words + col / 32] >> (col % 32)) & ((1u << V) - 1u);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u) {
-        if (won_bits[u] != 0) g[u] = cuda::load_vec<T, V>(grad + int64_t(bag[u]) * dim + col);
-      }
-#pragma unroll
-      for (int u = 0; u < kSumUnroll; ++u) {
-        if (won_bits[u] != 0) add(acc, g[u], pos[u], bag[u], won_bits[u]);
-      }
+      for (int k = 0; k < V; ++k) acc[k] += a * g_at(k);
     }
   }
 };
@@ -443,58 +447,101 @@ __device__ __forceinline__ void store_partial(AccT* p, const AccT (&acc)[V]) {
   cuda::store_vec<AccT, V>(p, v);
 }
 
-// First position in [lo, hi) of sorted keys whose key is > key (upper) or >= key (lower).
-template <bool Upper>
-__device__ __forceinline__ int64_t search_sorted(const uint32_t* keys, int64_t lo, int64_t hi, uint32_t key) {
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (Upper ? keys[mid] <= key : keys[mid] < key) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
+// Step (4): one team per chunk of kChunk sorted positions, a block's teams on
+// consecutive chunks. The block stages its positions (key, bag, position, aux)
+// in shared memory, one pass with every load in flight; then each team sweeps
+// its chunk in order, kSweepUnroll grad rows in flight, and at each run boundary
+// flushes the run's sum: a run wholly inside the chunk is its row of
+// grad_weight; the chunk's first run, when it began in an earlier chunk, goes to
+// head[j], its last run, when it goes on into the next chunk, to tail[j] (a run
+// over the whole chunk and beyond on both sides: both). Unused positions (key
+// num_weights, sorted last) add to nothing. Registers: 3 CTAs per SM for
+// 4-byte elements (80 registers); 16-bit and float64 elements would spill there,
+// so 2.
+template <typename AccT>
+int64_t sweep_smem_bytes(int chunks) {
+  return int64_t(chunks) * kChunk * (3 * sizeof(uint32_t) + sizeof(AccT));
 }
 
-// Step (4a): head/tail partials of the runs that cross chunk boundaries. A
-// chunk holding a single run stores its sum as both head and tail.
 template <typename T, typename AccT, int V>
-__global__ void __launch_bounds__(kThreads)
-    chunk_partials_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n,
-                          uint32_t num_weights, int64_t num_chunks, AccT* __restrict__ head,
-                          AccT* __restrict__ tail, int team) {
-  const int lane = threadIdx.x & (team - 1);
-  const int64_t j = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
+    chunk_sweep_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n,
+                       uint32_t num_weights, int64_t num_chunks, AccT* __restrict__ head, AccT* __restrict__ tail,
+                       T* __restrict__ grad_weight, int team) {
+  extern __shared__ __align__(16) unsigned char sweep_smem[];
+  const int chunks = blockDim.x / team;
+  const int slots = chunks * static_cast<int>(kChunk);
+  auto* s_aux = reinterpret_cast<AccT*>(sweep_smem);
+  auto* s_key = reinterpret_cast<uint32_t*>(s_aux + slots);
+  uint32_t* s_bag = s_key + slots;
+  uint32_t* s_pos = s_bag + slots;
+  const int64_t ps = int64_t(blockIdx.x) * slots;
+  const int count = static_cast<int>(std::min<int64_t>(n - ps, slots));
+  const bool need_pos = src.needs_pos();
+  for (int t = threadIdx.x; t < count; t += blockDim.x) {
+    const uint32_t k = keys[ps + t];
+    const bool used = k < num_weights;
+    const uint32_t bag = used ? src.sorted_bag[ps + t] : 0u;
+    const uint32_t pos = used && need_pos ? src.sorted_pos[ps + t] : 0u;
+    s_key[t] = k;
+    s_bag[t] = bag;
+    s_pos[t] = pos;
+    s_aux[t] = used && src.mode != kModeMax ? src.aux(bag, pos) : AccT(0);
+  }
+  __syncthreads();
+  const int64_t j = int64_t(blockIdx.x) * chunks + threadIdx.x / team;
   if (j >= num_chunks) return;
-  const int64_t cs = j * kChunk, ce = std::min<int64_t>(n, cs + kChunk);
-  const uint32_t k0 = keys[cs], k1 = keys[ce - 1];
-  const bool need_head = j > 0 && k0 < num_weights && keys[cs - 1] == k0;
-  const bool need_tail = ce < n && k1 < num_weights && keys[ce] == k1;
-  if (!need_head && !need_tail) return;
-  const bool single = k0 == k1;
-  const int64_t head_end = single ? ce : search_sorted<true>(keys, cs, ce, k0);
-  const int64_t tail_begin = single ? cs : search_sorted<false>(keys, cs, ce, k1);
+  const int lane = threadIdx.x % team;
+  const int base = (threadIdx.x / team) * static_cast<int>(kChunk);  // the chunk's first slot
+  const int64_t cs = j * kChunk;
+  const int len = static_cast<int>(n - cs < kChunk ? n - cs : kChunk);
+  const bool from_prev = cs > 0 && keys[cs - 1] == s_key[base];
+  const bool into_next = cs + len < n && keys[cs + len] == s_key[base + len - 1];
   const int64_t D = src.dim;
   for (int64_t col = int64_t(lane) * V; col < D; col += int64_t(team) * V) {
     AccT acc[V];
-    if (single) {
-      zero(acc);
-      src.sum_range(acc, cs, ce, col);
-      store_partial(head + j * D + col, acc);
-      store_partial(tail + j * D + col, acc);
-      continue;
+    zero(acc);
+    int run_begin = 0;
+    // Writes the run [run_begin, q) of this chunk; q == len: the chunk's last run.
+    const auto flush = [&](int q) {
+      const uint32_t k = s_key[base + run_begin];
+      if (k >= num_weights) return;
+      const bool starts = run_begin > 0 || !from_prev, ends = q < len || !into_next;
+      if (starts && ends) {
+        cuda::Vec<T, V> o;
+#pragma unroll
+        for (int c = 0; c < V; ++c) o.v[c] = static_cast<T>(acc[c]);
+        cuda::store_vec<T, V>(grad_weight + int64_t(k) * D + col, o);
+        return;
+      }
+      if (!starts) store_partial(head + j * D + col, acc);
+      if (!ends) store_partial(tail + j * D + col, acc);
+    };
+    for (int q0 = 0; q0 < len; q0 += kSweepUnroll) {
+      uint32_t bits[kSweepUnroll];
+      cuda::RawVec<T, V> g[kSweepUnroll];
+#pragma unroll
+      for (int u = 0; u < kSweepUnroll; ++u) {
+        const int q = q0 + u;
+        bits[u] = q < len && s_key[base + q] < num_weights ? src.columns(s_pos[base + q], col) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kSweepUnroll; ++u) {
+        if (bits[u] != 0) g[u] = cuda::load_raw<T, V>(src.grad + int64_t(s_bag[base + q0 + u]) * D + col);
+      }
+#pragma unroll
+      for (int u = 0; u < kSweepUnroll; ++u) {
+        const int q = q0 + u;
+        if (q >= len) break;
+        if (q > 0 && s_key[base + q] != s_key[base + q - 1]) {
+          flush(q);
+          zero(acc);
+          run_begin = q;
+        }
+        if (bits[u] != 0) src.add(acc, g[u], s_aux[base + q], bits[u]);
+      }
     }
-    if (need_head) {
-      zero(acc);
-      src.sum_range(acc, cs, head_end, col);
-      store_partial(head + j * D + col, acc);
-    }
-    if (need_tail) {
-      zero(acc);
-      src.sum_range(acc, tail_begin, ce, col);
-      store_partial(tail + j * D + col, acc);
-    }
+    flush(len);
   }
 }
 
@@ -519,105 +566,106 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Row v of grad_weight from its run [s, e) of sorted positions, columns lane * V,
-// (lane + team) * V, ...: a direct ordered sum for a run inside one chunk, else
-// tail[first chunk] + (group or head partials, in chunk order) + head[last chunk].
-template <typename T, typename AccT, int V>
-__device__ __forceinline__ void process_run(const GradSource<T, AccT, V>& src, int64_t s, int64_t e, uint32_t v,
-                                            int lane, int team, const AccT* __restrict__ head,
-                                            const AccT* __restrict__ tail, const AccT* __restrict__ group,
-                                            T* __restrict__ grad_weight) {
-  const int64_t D = src.dim;
-  for (int64_t col = int64_t(lane) * V; col < D; col += int64_t(team) * V) {
+// Step (5), rows of runs that cross a chunk boundary: one team per chunk whose
+// last run begins in it and goes on into the next; the row is tail[first chunk]
+// + (group or head partials, in chunk order) + head[last chunk].
+template <typename AccT, typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    crossing_rows_kernel(const uint32_t* __restrict__ keys, const uint32_t* __restrict__ run_end, int64_t n,
+                         uint32_t num_weights, int64_t num_chunks, int64_t dim, const AccT* __restrict__ head,
+                         const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight,
+                         int team) {
+  const int lane = threadIdx.x & (team - 1);
+  const int64_t a = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
+  if (a >= num_chunks) return;
+  const int64_t cs = a * kChunk, ce = std::min<int64_t>(n, cs + kChunk);
+  const uint32_t k = keys[ce - 1];
+  if (k >= num_weights || ce >= n || keys[ce] != k) return;     // the last run ends in this chunk
+  if (cs > 0 && keys[cs] == k && keys[cs - 1] == k) return;     // it began in an earlier chunk
+  const int64_t last = (int64_t(run_end[k]) - 1) / kChunk;
+  for (int64_t col = int64_t(lane) * V; col < dim; col += int64_t(team) * V) {
     AccT acc[V];
     zero(acc);
-    const int64_t a = s / kChunk, last = (e - 1) / kChunk;
-    if (a == last) {
-      src.sum_range(acc, s, e, col);
-    } else {
-      add_partial(acc, tail + a * D + col);
-      int64_t j = a + 1;
-      while (j < last) {
-        if (j % kGroup == 0 && j + kGroup <= last) {
-          add_partial(acc, group + (j / kGroup) * D + col);
-          j += kGroup;
-        } else {
-          add_partial(acc, head + j * D + col);
-          ++j;
-        }
+    add_partial(acc, tail + a * dim + col);
+    int64_t j = a + 1;
+    while (j < last) {
+      if (j % kGroup == 0 && j + kGroup <= last) {
+        add_partial(acc, group + (j / kGroup) * dim + col);
+        j += kGroup;
+      } else {
+        add_partial(acc, head + j * dim + col);
+        ++j;
       }
-      add_partial(acc, head + last * D + col);
     }
+    add_partial(acc, head + last * dim + col);
     cuda::Vec<T, V> o;
 #pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = static_cast<T>(acc[k]);
-    cuda::store_vec<T, V>(grad_weight + v * D + col, o);
+    for (int c = 0; c < V; ++c) o.v[c] = static_cast<T>(acc[c]);
+    cuda::store_vec<T, V>(grad_weight + int64_t(k) * dim + col, o);
   }
 }
 
-// Step (5): every row of grad_weight written exactly once. Each warp takes 32
-// consecutive rows at a time (a grid-stride loop): lane l loads row l's run start
-// (and end), then its 32 / team sub-teams of `team` lanes write rows j, j + 32 /
-// team, ... (row bounds passed by shuffle): a row with no run is zeroed (streaming
-// stores), the others are written by process_run. Held to 3 blocks per SM (at
-// most 85 registers): faster than 2 or 4 (docs/PERFORMANCE.md).
-template <typename T, typename AccT, int V>
-__global__ void __launch_bounds__(kThreads, 3)
-    rows_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ run_start,
-                const uint32_t* __restrict__ run_end, int64_t num_weights, const AccT* __restrict__ head,
-                const AccT* __restrict__ tail, const AccT* __restrict__ group, T* __restrict__ grad_weight, int team) {
+// Step (5), rows with no run: zeroed, streaming stores. A warp takes 32 rows at
+// a time, lane l loading row l's byte of the used-row map (the next 32 rows'
+// bytes in flight while it stores); its 32 / team sub-teams of `team` lanes take
+// rows r, r + 32 / team, ... It runs on a second stream, beside the sort and
+// the sums or the sums only (early_fill), on kZeroRowsPerSm CTAs per SM (a
+// grid-stride loop) so that their kernels find room beside it.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    zero_unused_rows_kernel(const uint8_t* __restrict__ used_rows, int64_t num_weights, int64_t dim,
+                            T* __restrict__ grad_weight, int team) {
   const int lane = threadIdx.x % 32, sub = lane / team, tl = lane % team, subs = 32 / team;
+  const int64_t words = ceil_div<int64_t>(num_weights, 32);
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   cuda::Vec<T, V> zeros;
 #pragma unroll
   for (int k = 0; k < V; ++k) zeros.v[k] = T(0);
-  for (int64_t base = (int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32) * 32; base < num_weights;
-       base += warps * 32) {
-    uint32_t my_start = kNoRun, my_end = 0;
-    if (base + lane < num_weights) {
-      my_start = run_start[base + lane];
-      if (my_start != kNoRun) my_end = run_end[base + lane];  // set only for rows with a run
-    }
-    for (int r = sub; r < 32; r += subs) {  // the same trip count in every lane: the shuffles see the whole warp
-      const uint32_t s = __shfl_sync(0xffffffffu, my_start, r);
-      const uint32_t e = __shfl_sync(0xffffffffu, my_end, r);
-      const int64_t v = base + r;
-      if (v >= num_weights) continue;
-      if (s == kNoRun) {
-        for (int64_t col = int64_t(tl) * V; col < src.dim; col += int64_t(team) * V) {
-          cuda::store_vec_streaming<T, V>(grad_weight + v * src.dim + col, zeros);
-        }
-      } else {
-        process_run(src, s, e, static_cast<uint32_t>(v), tl, team, head, tail, group, grad_weight);
+  const auto used_byte = [&](int64_t w) -> uint8_t {
+    const int64_t v = w * 32 + lane;
+    return w < words && v < num_weights ? used_rows[v] : uint8_t(0);
+  };
+  int64_t w = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  uint8_t mine = used_byte(w);
+  for (; w < words; w += warps) {
+    const uint8_t next = used_byte(w + warps);
+    const uint32_t bits = __ballot_sync(0xffffffffu, mine != 0);
+    for (int r = sub; r < 32; r += subs) {
+      const int64_t v = w * 32 + r;
+      if (v >= num_weights || ((bits >> r) & 1u) != 0) continue;
+      for (int64_t col = int64_t(tl) * V; col < dim; col += int64_t(team) * V) {
+        cuda::store_vec_streaming<T, V>(grad_weight + v * dim + col, zeros);
       }
     }
+    mine = next;
   }
 }
 
+// Steps (4) and (5) for the rows with a run, on `stream`.
 template <typename T, typename AccT, int V>
 void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys,
-                              const uint32_t* run_start, const uint32_t* run_end, const BackwardLayout& l, char* ws,
-                              int64_t n, int64_t num_weights, const TeamChoice& c, const at::Tensor& grad_weight) {
-  const auto stream = c10::cuda::getCurrentCUDAStream();
+                              const uint32_t* run_end, const BackwardLayout& l, char* ws, int64_t n,
+                              int64_t num_weights, const TeamChoice& c, const at::Tensor& grad_weight,
+                              cudaStream_t stream) {
   auto* head = reinterpret_cast<AccT*>(ws + l.head);
   auto* tail = reinterpret_cast<AccT*>(ws + l.tail);
   auto* group = reinterpret_cast<AccT*>(ws + l.group);
-  const int teams = kThreads / c.team;
-  chunk_partials_kernel<T, AccT, V><<<ceil_div<int64_t>(l.num_chunks, teams), kThreads, 0, stream>>>(
-      src, sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_chunks, head, tail, c.team);
+  const int sweep_block = std::min(kThreads, kSweepChunks * c.team);
+  const int sweep_chunks = sweep_block / c.team;
+  chunk_sweep_kernel<T, AccT, V><<<ceil_div<int64_t>(l.num_chunks, sweep_chunks), sweep_block,
+                                   sweep_smem_bytes<AccT>(sweep_chunks), stream>>>(
+      src, sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_chunks, head, tail,
+      grad_weight.mutable_data_ptr<T>(), c.team);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int teams = kThreads / c.team;
   if (l.num_groups > 0) {
     group_partials_kernel<AccT, V><<<ceil_div<int64_t>(l.num_groups, teams), kThreads, 0, stream>>>(
         sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_groups, src.dim, head, group, c.team);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  const int row_team = std::min(c.team, 32);
-  auto* kernel = rows_kernel<T, AccT, V>;
-  const int64_t rows_per_block = (kThreads / 32) * 32;
-  const int64_t blocks = std::min(ceil_div<int64_t>(num_weights, rows_per_block),
-                                  cuda::resident_groups(kernel, kThreads, 1, 0));
-  kernel<<<blocks, kThreads, 0, stream>>>(src, run_start, run_end, num_weights, head, tail, group,
-                                          grad_weight.mutable_data_ptr<T>(), row_team);
+  crossing_rows_kernel<AccT, T, V><<<ceil_div<int64_t>(l.num_chunks, teams), kThreads, 0, stream>>>(
+      sorted_keys, run_end, n, static_cast<uint32_t>(num_weights), l.num_chunks, src.dim, head, tail, group,
+      grad_weight.mutable_data_ptr<T>(), c.team);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -655,15 +703,34 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   uint32_t* keys[2] = {reinterpret_cast<uint32_t*>(ws + l.keys[0]), reinterpret_cast<uint32_t*>(ws + l.keys[1])};
   uint32_t* vals[2] = {reinterpret_cast<uint32_t*>(ws + l.vals[0]), reinterpret_cast<uint32_t*>(ws + l.vals[1])};
   auto* run_end = reinterpret_cast<uint32_t*>(ws + l.run_end);
-  auto* run_start = reinterpret_cast<uint32_t*>(ws + l.run_start);
+  auto* used_rows = reinterpret_cast<uint8_t*>(ws + l.used);
   auto* won = reinterpret_cast<uint32_t*>(ws + l.mask);
+  const auto c = choose_team(D, grad.element_size(), kThreads);
+  const bool early = early_fill(num_weights, D, grad.element_size(), N);
 
+  C10_CUDA_CHECK(cudaMemsetAsync(used_rows, 0, num_weights, stream));
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_keys", [&] {
     make_keys_kernel<index_t><<<grid_stride_blocks(N), kThreads, 0, stream>>>(
         indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(), N, num_weights, B, padding_idx,
-        keys[0], vals[0], won, l.mask_words);
+        keys[0], vals[0], early ? used_rows : nullptr, won, l.mask_words);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+  // Once the rows with no run are marked, a second stream zeroes them beside this
+  // one's work; this stream waits for it before the op returns.
+  std::optional<cuda::SideStream> side;
+  const auto start_fill = [&] {
+    side.emplace(stream);
+    BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_zero_rows", [&] {
+      constexpr int kV = 16 / sizeof(scalar_t);
+      auto* kernel = c.vec == kV ? zero_unused_rows_kernel<scalar_t, kV> : zero_unused_rows_kernel<scalar_t, 1>;
+      const int64_t blocks = std::min(ceil_div<int64_t>(num_weights, kThreads),
+                                      int64_t(cuda::num_sms()) * kZeroRowsPerSm);
+      kernel<<<blocks, kThreads, 0, side->stream()>>>(used_rows, num_weights, D,
+                                                      grad_weight.mutable_data_ptr<scalar_t>(), std::min(c.team, 32));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  };
+  if (early) start_fill();
   if (mode == kModeMax) {
     max_won_kernel<<<grid_stride_blocks(B * D), kThreads, 0, stream>>>(
         max_positions.const_data_ptr<int64_t>(), offset2bag.const_data_ptr<int64_t>(), B, D, N, l.mask_words, won);
@@ -674,14 +741,14 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + l.cub, cub_bytes, sort_keys, sort_vals, N, 0, l.end_bit,
                                                  stream));
   uint32_t* const sorted_bag = sort_keys.Alternate();  // the spare key buffer
-  C10_CUDA_CHECK(cudaMemsetAsync(run_start, 0xff, num_weights * sizeof(uint32_t), stream));  // kNoRun
   runs_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), sort_vals.Current(),
                                                              offset2bag.const_data_ptr<int64_t>(), N,
-                                                             static_cast<uint32_t>(num_weights), run_start, run_end,
+                                                             static_cast<uint32_t>(num_weights), run_end,
+                                                             early ? nullptr : used_rows,
                                                              sorted_bag);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!early) start_fill();
 
-  const auto c = choose_team(D, grad.element_size(), kThreads);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_cuda", [&] {
     auto run = [&](auto vec_tag) {
       constexpr int kV = decltype(vec_tag)::value;
@@ -694,8 +761,8 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
                                                 D,
                                                 l.mask_words,
                                                 mode};
-      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_start, run_end, l, ws, N,
-                                                    num_weights, c, grad_weight);
+      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_end, l, ws, N, num_weights, c,
+                                                    grad_weight, stream);
     };
     if (c.vec == 16 / int(sizeof(scalar_t))) {
       run(std::integral_constant<int, 16 / sizeof(scalar_t)>{});
@@ -703,6 +770,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
       run(std::integral_constant<int, 1>{});
     }
   });
+  side->join();
 }
 
 int64_t backward_workspace_bytes(int64_t num_weights, int64_t dim, int64_t num_indices, int64_t num_bags,
@@ -821,7 +889,9 @@ KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::Scalar
   check_problem(kEmbeddingBagBackwardOp, problem);
   const int64_t elem = c10::elementSize(dtype);
   const std::string variant = "sort_segment<" + team_name(choose_team(problem[1], elem, kThreads), elem) +
-                              ",chunk" + std::to_string(kChunk) + ",group" + std::to_string(kGroup) + ">";
+                              ",chunk" + std::to_string(kChunk) + ",group" + std::to_string(kGroup) + "," +
+                              (early_fill(problem[0], problem[1], elem, problem[2]) ? "early" : "late") +
+                              "_zero_fill>";
   return {variant, backward_workspace_bytes(problem[0], problem[1], problem[2], problem[3], problem[4], dtype)};
 }
 

@@ -1,5 +1,5 @@
 // Small CUDA helpers shared by every .cu file: 16-byte vectors and alignment,
-// device facts, kernel launches (clusters, early launches), warp/block
+// device facts, kernel launches (clusters, early launches), a side stream, warp/block
 // reductions in a fixed order (deterministic).
 #pragma once
 
@@ -242,6 +242,45 @@ void launch(void (*kernel)(KernelArgs...), LaunchShape shape, Args... args) {
   const LaunchConfig launch(shape, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));
 }
+
+// A second stream of the current device that starts after the work queued so
+// far on `main` (an event), so that kernels queued on it run beside main's next
+// ones; join() makes `main` wait for it (an event again), and the destructor
+// joins if an exception left before join(), so nothing it writes can outlive the
+// op unordered. Events order both ways, so it also works under CUDA graph capture.
+class SideStream {
+ public:
+  explicit SideStream(cudaStream_t main) : main_(main), side_(c10::cuda::getStreamFromPool()) {
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventRecord(forked_, main_));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side_.stream(), forked_, 0));
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() {
+    if (!joined_) {
+      C10_CUDA_CHECK_WARN(cudaEventRecord(done_, side_.stream()));
+      C10_CUDA_CHECK_WARN(cudaStreamWaitEvent(main_, done_, 0));
+    }
+    C10_CUDA_CHECK_WARN(cudaEventDestroy(forked_));
+    C10_CUDA_CHECK_WARN(cudaEventDestroy(done_));
+  }
+
+  cudaStream_t stream() const { return side_.stream(); }
+
+  void join() {
+    C10_CUDA_CHECK(cudaEventRecord(done_, side_.stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(main_, done_, 0));
+    joined_ = true;
+  }
+
+ private:
+  cudaStream_t main_;
+  c10::cuda::CUDAStream side_;
+  cudaEvent_t forked_ = nullptr, done_ = nullptr;
+  bool joined_ = false;
+};
 
 // Programmatic dependent launch, device side (no-ops before sm_90).
 // wait_for_previous_grid: in a kernel launched early, blocks until the previous
