@@ -546,7 +546,10 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
 }
 
 // Step (4b): group[g] = sum of head[j] over the kGroup chunks of group g, in
-// order, for groups that lie wholly inside one run.
+// order, for groups that lie wholly inside one run. (A group whose first chunk
+// begins the run is summed too, from a head partial the sweep did not write; it
+// is never read: crossing_rows_kernel takes groups only after a run's first
+// chunk; skipping such groups would only save their work.)
 template <typename AccT, int V>
 __global__ void __launch_bounds__(kThreads)
     group_partials_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, int64_t num_groups,
