@@ -312,16 +312,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
 // an integer atomicOr: the result does not depend on the order); (2) stable
 // radix sort of (key, i): each row's positions become one run, in position
 // order; (3) the end of each row's run in the sorted order, and each sorted
-// position's bag; (4) the sorted order is cut
-// into chunks of kChunk positions, each swept in order: a run inside one chunk
-// is summed straight into its row of grad_weight; a run that crosses a chunk
-// boundary gets its part in each chunk summed into a head (chunk's first run) or
-// tail (chunk's last run) partial, and every kGroup chunks wholly inside one run
-// are summed again into a group partial; (5) the row of each crossing run is
-// tail[first] + (group or head partials, in chunk order) + head[last]. Rows with
-// no run are zeroed by a fill on a second stream, which starts after step (1)
-// or (3) (early_fill: whichever marks the used rows) and runs beside the rest. Every row is written once; every summation order is
-// fixed by the sorted data alone, so the result is bit-identical run to run.
+// position's bag; (4) the sorted order is cut into chunks of kChunk positions,
+// each swept in order: a run inside one chunk is summed straight into its row of
+// grad_weight; a run that crosses a chunk boundary gets its part in each chunk
+// summed into a head (chunk's first run) or tail (chunk's last run) partial, and
+// every kGroup chunks wholly inside one run are summed again into a group
+// partial; (5) the row of each crossing run is tail[first] + (group or head
+// partials, in chunk order) + head[last]. Rows with no run are zeroed by a fill
+// on a second stream, which starts after step (1) or (3) (early_fill: whichever
+// marks the used rows) and runs beside the rest. Every row is written once;
+// every summation order is fixed by the sorted data alone, so the result is
+// bit-identical run to run.
 
 template <typename IndexT>
 __global__ void __launch_bounds__(kThreads)
@@ -439,12 +440,13 @@ __device__ __forceinline__ void add_partial(AccT (&acc)[V], const AccT* p) {
   for (int k = 0; k < V; ++k) acc[k] += v.v[k];
 }
 
-template <typename AccT, int V>
-__device__ __forceinline__ void store_partial(AccT* p, const AccT (&acc)[V]) {
-  cuda::Vec<AccT, V> v;
+// p[0 .. V) = acc as Out (a partial sum: Out = AccT; a row of grad_weight: T).
+template <typename Out, typename AccT, int V>
+__device__ __forceinline__ void store_sums(Out* p, const AccT (&acc)[V]) {
+  cuda::Vec<Out, V> v;
 #pragma unroll
-  for (int k = 0; k < V; ++k) v.v[k] = acc[k];
-  cuda::store_vec<AccT, V>(p, v);
+  for (int k = 0; k < V; ++k) v.v[k] = static_cast<Out>(acc[k]);
+  cuda::store_vec<Out, V>(p, v);
 }
 
 // Step (4): one team per chunk of kChunk sorted positions, a block's teams on
@@ -508,14 +510,11 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
       if (k >= num_weights) return;
       const bool starts = run_begin > 0 || !from_prev, ends = q < len || !into_next;
       if (starts && ends) {
-        cuda::Vec<T, V> o;
-#pragma unroll
-        for (int c = 0; c < V; ++c) o.v[c] = static_cast<T>(acc[c]);
-        cuda::store_vec<T, V>(grad_weight + int64_t(k) * D + col, o);
+        store_sums(grad_weight + int64_t(k) * D + col, acc);
         return;
       }
-      if (!starts) store_partial(head + j * D + col, acc);
-      if (!ends) store_partial(tail + j * D + col, acc);
+      if (!starts) store_sums(head + j * D + col, acc);
+      if (!ends) store_sums(tail + j * D + col, acc);
     };
     for (int q0 = 0; q0 < len; q0 += kSweepUnroll) {
       uint32_t bits[kSweepUnroll];
@@ -565,7 +564,7 @@ __global__ void __launch_bounds__(kThreads)
     AccT acc[V];
     zero(acc);
     for (int64_t j = j0; j < j0 + kGroup; ++j) add_partial(acc, head + j * dim + col);
-    store_partial(group + gi * dim + col, acc);
+    store_sums(group + gi * dim + col, acc);
   }
 }
 
@@ -601,10 +600,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     add_partial(acc, head + last * dim + col);
-    cuda::Vec<T, V> o;
-#pragma unroll
-    for (int c = 0; c < V; ++c) o.v[c] = static_cast<T>(acc[c]);
-    cuda::store_vec<T, V>(grad_weight + int64_t(k) * dim + col, o);
+    store_sums(grad_weight + int64_t(k) * dim + col, acc);
   }
 }
 
@@ -619,23 +615,23 @@ __global__ void __launch_bounds__(kThreads)
     zero_unused_rows_kernel(const uint8_t* __restrict__ used_rows, int64_t num_weights, int64_t dim,
                             T* __restrict__ grad_weight, int team) {
   const int lane = threadIdx.x % 32, sub = lane / team, tl = lane % team, subs = 32 / team;
-  const int64_t words = ceil_div<int64_t>(num_weights, 32);
+  const int64_t groups = ceil_div<int64_t>(num_weights, 32);  // of 32 rows
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   cuda::Vec<T, V> zeros;
 #pragma unroll
   for (int k = 0; k < V; ++k) zeros.v[k] = T(0);
-  const auto used_byte = [&](int64_t w) -> uint8_t {
-    const int64_t v = w * 32 + lane;
-    return w < words && v < num_weights ? used_rows[v] : uint8_t(0);
+  const auto used_byte = [&](int64_t g) -> uint8_t {
+    const int64_t v = g * 32 + lane;
+    return g < groups && v < num_weights ? used_rows[v] : uint8_t(0);
   };
-  int64_t w = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  uint8_t mine = used_byte(w);
-  for (; w < words; w += warps) {
-    const uint8_t next = used_byte(w + warps);
-    const uint32_t bits = __ballot_sync(0xffffffffu, mine != 0);
+  int64_t g = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  uint8_t mine = used_byte(g);
+  for (; g < groups; g += warps) {
+    const uint8_t next = used_byte(g + warps);
+    const uint32_t used = __ballot_sync(0xffffffffu, mine != 0);
     for (int r = sub; r < 32; r += subs) {
-      const int64_t v = w * 32 + r;
-      if (v >= num_weights || ((bits >> r) & 1u) != 0) continue;
+      const int64_t v = g * 32 + r;
+      if (v >= num_weights || ((used >> r) & 1u) != 0) continue;
       for (int64_t col = int64_t(tl) * V; col < dim; col += int64_t(team) * V) {
         cuda::store_vec_streaming<T, V>(grad_weight + v * dim + col, zeros);
       }
