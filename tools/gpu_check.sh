@@ -11,6 +11,9 @@
 #
 # Stage `profile` (not in the default list) runs Nsight Compute over the benchmark cases
 # whose names contain one of the '|'-separated PROFILE_CASES substrings, ours and peers.
+# Stage `timeline` (not in the default list) prints the kernel timeline, streams and
+# overlap visible, of the TIMELINE_CASES cases (tools/timeline_cases.py); it shares
+# profile.log with `profile`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/baracuda_out}
@@ -82,6 +85,14 @@ if stage profile; then
   RESULT[profile]="rc=$rc $(grep -c 'Duration' "$OUT/profile.log") kernels $(( $(date +%s) - start ))s"
 fi
 
+if stage timeline; then
+  start=$(date +%s)
+  IFS='|' read -r -a cases <<< "${TIMELINE_CASES:-}"
+  python3 tools/timeline_cases.py "${cases[@]}" >> "$OUT/profile.log" 2>&1
+  rc=$?
+  RESULT[timeline]="rc=$rc $(grep -c '^==' "$OUT/profile.log") timelines $(( $(date +%s) - start ))s"
+fi
+
 if stage bench; then
   start=$(date +%s)
   only_arg=()
@@ -99,6 +110,6 @@ fi
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1)) =="
 printf '%-10s | %s\n' stage result
-for k in build test memcheck racecheck initcheck synccheck profile bench; do
+for k in build test memcheck racecheck initcheck synccheck profile timeline bench; do
   [ -n "${RESULT[$k]:-}" ] && printf '%-10s | %s\n' "$k" "${RESULT[$k]}"
 done
