@@ -34,8 +34,10 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;          // forward: bag entries whose loads are in flight together
+constexpr int kWonWords = 4;        // backward, max mode: won words of a bag per warp, loads in flight together
 constexpr int kSweepUnroll = 8;     // backward: sorted positions whose grad rows are in flight together
 constexpr int kSweepChunks = 32;    // backward: most chunks per CTA of the sweep (its shared memory)
+constexpr int64_t kSweepSmemBytes = 48 * 1024;  // backward: the sweep's shared memory, at most (the default limit)
 constexpr int64_t kChunk = 64;      // backward: sorted positions per chunk
 constexpr int64_t kGroup = 32;      // backward: chunks per group partial
 constexpr int64_t kU32Limit = 0xffffffff;  // backward: sort keys, positions and run ends are uint32
@@ -307,10 +309,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
 //   sum:  w_i * grad[bag_i]               (w_i = per_sample_weights[i] or 1)
 //   mean: grad[bag_i] / bag_size[bag_i]
 //   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
-// Steps, no floating-point atomics: (1) key_i = indices[i] for used positions,
-// else V; max mode also marks, per position, the columns it won (bits set with
-// an integer atomicOr: the result does not depend on the order); (2) stable
-// radix sort of (key, i): each row's positions become one run, in position
+// Steps, no atomics: (1) key_i = indices[i] for used positions, else V; max
+// mode also marks, per position, the columns it won (max_won_kernel, on a stream
+// of its own beside steps (1)-(3), joined before (4)); (2) stable radix sort of (key, i): each row's positions become one run, in position
 // order; (3) the end of each row's run in the sorted order, and each sorted
 // position's bag; (4) the sorted order is cut into chunks of kChunk positions,
 // each swept in order: a run inside one chunk is summed straight into its row of
@@ -328,8 +329,7 @@ template <typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     make_keys_kernel(const IndexT* __restrict__ indices, const int64_t* __restrict__ offset2bag, int64_t n,
                      int64_t num_weights, int64_t num_bags, int64_t padding_idx, uint32_t* __restrict__ keys,
-                     uint32_t* __restrict__ vals, uint8_t* __restrict__ used_rows, uint32_t* __restrict__ won,
-                     int64_t won_words) {
+                     uint32_t* __restrict__ vals, uint8_t* __restrict__ used_rows) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
     const int64_t idx = static_cast<int64_t>(indices[i]);
     const int64_t bag = offset2bag[i];
@@ -337,23 +337,43 @@ __global__ void __launch_bounds__(kThreads)
     keys[i] = static_cast<uint32_t>(used ? idx : num_weights);
     vals[i] = static_cast<uint32_t>(i);
     if (used && used_rows != nullptr) used_rows[idx] = 1;  // early fill; every writer stores the same byte
-    for (int64_t w = 0; w < won_words; ++w) won[i * won_words + w] = 0;  // max mode: cleared for max_won_kernel
   }
 }
 
-// Max mode: bit d % 32 of won[i * words + d / 32] is set when position i is the
-// argmax of its bag at column d, i.e. max_positions[bag, d] == i with
+// Max mode: bit l of won[i * words + w] is set when position i is the argmax of
+// its bag at column d = 32 * w + l, i.e. max_positions[bag, d] == i with
 // offset2bag[i] == bag (an entry naming a position outside its bag adds nothing,
-// as in the CPU kernel). Positions that win no column in a thread's columns skip
-// their grad load.
+// as in the CPU kernel). One warp per (bag, kWonWords words): lane l reads
+// column 32 * w + l's argmax of each word, all loads in flight; the lanes that
+// name one position find each other (__match_any_sync) and the lowest of them
+// stores the word. Only the warp of position i's bag writes i's words, so plain
+// stores suffice; the words no warp writes were zeroed before. It runs on a
+// stream of its own beside the sort. (Bits set with atomicOr per column took
+// 109 us of a 350 us backward at B = 16384, D = 128: 32 lanes on a few addresses.)
 __global__ void __launch_bounds__(kThreads)
     max_won_kernel(const int64_t* __restrict__ max_pos, const int64_t* __restrict__ offset2bag, int64_t num_bags,
                    int64_t dim, int64_t n, int64_t words, uint32_t* __restrict__ won) {
-  const int64_t total = num_bags * dim;
-  for (int64_t q = int64_t(blockIdx.x) * kThreads + threadIdx.x; q < total; q += int64_t(gridDim.x) * kThreads) {
-    const int64_t bag = q / dim, d = q - bag * dim;
-    const int64_t i = max_pos[q];
-    if (i >= 0 && i < n && offset2bag[i] == bag) atomicOr(won + i * words + d / 32, 1u << (d % 32));
+  const int lane = threadIdx.x % 32;
+  const int64_t word_groups = ceil_div<int64_t>(words, kWonWords);
+  const int64_t total = num_bags * word_groups;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t q = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; q < total; q += warps) {
+    const int64_t bag = q / word_groups, w0 = (q - bag * word_groups) * kWonWords;
+    int64_t pos[kWonWords];
+#pragma unroll
+    for (int u = 0; u < kWonWords; ++u) {
+      const int64_t d = (w0 + u) * 32 + lane;
+      pos[u] = d < dim ? max_pos[bag * dim + d] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kWonWords; ++u) {
+      if (pos[u] < 0 || pos[u] >= n || offset2bag[pos[u]] != bag) pos[u] = -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kWonWords; ++u) {
+      const uint32_t same = __match_any_sync(0xffffffffu, static_cast<unsigned long long>(pos[u]));
+      if (pos[u] >= 0 && lane == __ffs(same) - 1) won[pos[u] * words + w0 + u] = same;
+    }
   }
 }
 
@@ -401,11 +421,11 @@ struct GradSource {
     return psw != nullptr ? static_cast<AccT>(psw[pos]) : AccT(1);
   }
 
-  // Bits of columns col .. col + V that position `pos` adds to: all in sum and
-  // mean mode, its won columns in max mode (V divides 32, so one word).
-  __device__ __forceinline__ uint32_t columns(uint32_t pos, int64_t col) const {
-    if (mode != kModeMax) return ~0u;
-    return (won[int64_t(pos) * mask_words + col / 32] >> (col % 32)) & ((1u << V) - 1u);
+  // Max mode: the columns col .. col + V that a position won (V divides 32, so
+  // one word): row `row` of `words`, mask_words words per row (the sweep's
+  // staged copy, or won itself).
+  __device__ __forceinline__ uint32_t won_columns(const uint32_t* words, int64_t row, int64_t col) const {
+    return (words[row * mask_words + col / 32] >> (col % 32)) & ((1u << V) - 1u);
   }
 
   __device__ __forceinline__ void add(AccT (&acc)[V], const cuda::RawVec<T, V>& g, AccT a, uint32_t bits) const {
@@ -450,26 +470,28 @@ __device__ __forceinline__ void store_sums(Out* p, const AccT (&acc)[V]) {
 }
 
 // Step (4): one team per chunk of kChunk sorted positions, a block's teams on
-// consecutive chunks. The block stages its positions (key, bag, position, aux)
-// in shared memory, one pass with every load in flight; then each team sweeps
+// consecutive chunks. The block stages its positions (key, bag, position, aux;
+// in max mode also their won words when they fit in kSweepSmemBytes) in shared
+// memory, one pass with every load in flight; then each team sweeps
 // its chunk in order, kSweepUnroll grad rows in flight, and at each run boundary
 // flushes the run's sum: a run wholly inside the chunk is its row of
 // grad_weight; the chunk's first run, when it began in an earlier chunk, goes to
 // head[j], its last run, when it goes on into the next chunk, to tail[j] (a run
 // over the whole chunk and beyond on both sides: both). Unused positions (key
-// num_weights, sorted last) add to nothing. Registers: 3 CTAs per SM for
-// 4-byte elements (80 registers); 16-bit and float64 elements would spill there,
-// so 2.
+// num_weights, sorted last) add to nothing. kMax (max mode) is a template
+// argument so that the sum and mean sweeps carry none of the won-bit code (with
+// it they ran 1-13% slower on the H100). Registers: 3 CTAs per SM for 4-byte
+// elements (80 registers); 16-bit and float64 elements would spill there, so 2.
 template <typename AccT>
-int64_t sweep_smem_bytes(int chunks) {
-  return int64_t(chunks) * kChunk * (3 * sizeof(uint32_t) + sizeof(AccT));
+int64_t sweep_smem_bytes(int chunks, int64_t staged_won_words) {
+  return int64_t(chunks) * kChunk * ((3 + staged_won_words) * sizeof(uint32_t) + sizeof(AccT));
 }
 
-template <typename T, typename AccT, int V>
+template <typename T, typename AccT, int V, bool kMax>
 __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
     chunk_sweep_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n,
                        uint32_t num_weights, int64_t num_chunks, AccT* __restrict__ head, AccT* __restrict__ tail,
-                       T* __restrict__ grad_weight, int team) {
+                       T* __restrict__ grad_weight, int team, bool stage_won) {
   extern __shared__ __align__(16) unsigned char sweep_smem[];
   const int chunks = blockDim.x / team;
   const int slots = chunks * static_cast<int>(kChunk);
@@ -477,6 +499,9 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
   auto* s_key = reinterpret_cast<uint32_t*>(s_aux + slots);
   uint32_t* s_bag = s_key + slots;
   uint32_t* s_pos = s_bag + slots;
+  uint32_t* s_won = kMax && stage_won ? s_pos + slots : nullptr;  // mask_words per slot
+  const uint32_t* won_words = s_won != nullptr ? s_won : src.won;  // by slot if staged, else by position
+  const int64_t words = src.mask_words;
   const int64_t ps = int64_t(blockIdx.x) * slots;
   const int count = static_cast<int>(std::min<int64_t>(n - ps, slots));
   const bool need_pos = src.needs_pos();
@@ -489,6 +514,9 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
     s_bag[t] = bag;
     s_pos[t] = pos;
     s_aux[t] = used && src.mode != kModeMax ? src.aux(bag, pos) : AccT(0);
+    if (s_won != nullptr) {
+      for (int64_t w = 0; w < words; ++w) s_won[t * words + w] = used ? src.won[int64_t(pos) * words + w] : 0u;
+    }
   }
   __syncthreads();
   const int64_t j = int64_t(blockIdx.x) * chunks + threadIdx.x / team;
@@ -522,7 +550,9 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
 #pragma unroll
       for (int u = 0; u < kSweepUnroll; ++u) {
         const int q = q0 + u;
-        bits[u] = q < len && s_key[base + q] < num_weights ? src.columns(s_pos[base + q], col) : 0u;
+        bits[u] = q < len && s_key[base + q] < num_weights
+                  ? (kMax ? src.won_columns(won_words, s_won != nullptr ? base + q : s_pos[base + q], col) : ~0u)
+                  : 0u;
       }
 #pragma unroll
       for (int u = 0; u < kSweepUnroll; ++u) {
@@ -651,10 +681,13 @@ void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t*
   auto* group = reinterpret_cast<AccT*>(ws + l.group);
   const int sweep_block = std::min(kThreads, kSweepChunks * c.team);
   const int sweep_chunks = sweep_block / c.team;
-  chunk_sweep_kernel<T, AccT, V><<<ceil_div<int64_t>(l.num_chunks, sweep_chunks), sweep_block,
-                                   sweep_smem_bytes<AccT>(sweep_chunks), stream>>>(
+  const bool stage_won =
+      src.mode == kModeMax && sweep_smem_bytes<AccT>(sweep_chunks, src.mask_words) <= kSweepSmemBytes;
+  auto* sweep = src.mode == kModeMax ? chunk_sweep_kernel<T, AccT, V, true> : chunk_sweep_kernel<T, AccT, V, false>;
+  sweep<<<ceil_div<int64_t>(l.num_chunks, sweep_chunks), sweep_block,
+          sweep_smem_bytes<AccT>(sweep_chunks, stage_won ? src.mask_words : 0), stream>>>(
       src, sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_chunks, head, tail,
-      grad_weight.mutable_data_ptr<T>(), c.team);
+      grad_weight.mutable_data_ptr<T>(), c.team, stage_won);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const int teams = kThreads / c.team;
   if (l.num_groups > 0) {
@@ -707,11 +740,21 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   const auto c = choose_team(D, grad.element_size(), kThreads);
   const bool early = early_fill(num_weights, D, grad.element_size(), N);
 
+  // Max mode: the won columns, on a stream of their own beside the keys and the sort.
+  std::optional<cuda::SideStream> won_side;
+  if (mode == kModeMax) {
+    won_side.emplace(stream);
+    C10_CUDA_CHECK(cudaMemsetAsync(won, 0, N * l.mask_words * sizeof(uint32_t), won_side->stream()));
+    max_won_kernel<<<grid_stride_blocks(B * ceil_div<int64_t>(l.mask_words, kWonWords) * 32), kThreads, 0,
+                     won_side->stream()>>>(max_positions.const_data_ptr<int64_t>(),
+                                           offset2bag.const_data_ptr<int64_t>(), B, D, N, l.mask_words, won);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   C10_CUDA_CHECK(cudaMemsetAsync(used_rows, 0, num_weights, stream));
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_keys", [&] {
     make_keys_kernel<index_t><<<grid_stride_blocks(N), kThreads, 0, stream>>>(
         indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(), N, num_weights, B, padding_idx,
-        keys[0], vals[0], early ? used_rows : nullptr, won, l.mask_words);
+        keys[0], vals[0], early ? used_rows : nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   // Once the rows with no run are marked, a second stream zeroes them beside this
@@ -730,11 +773,6 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     });
   };
   if (early) start_fill();
-  if (mode == kModeMax) {
-    max_won_kernel<<<grid_stride_blocks(B * D), kThreads, 0, stream>>>(
-        max_positions.const_data_ptr<int64_t>(), offset2bag.const_data_ptr<int64_t>(), B, D, N, l.mask_words, won);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   cub::DoubleBuffer<uint32_t> sort_keys(keys[0], keys[1]), sort_vals(vals[0], vals[1]);
   size_t cub_bytes = l.cub_bytes;
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + l.cub, cub_bytes, sort_keys, sort_vals, N, 0, l.end_bit,
@@ -747,6 +785,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
                                                              sorted_bag);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (!early) start_fill();
+  if (won_side) won_side->join();
 
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_cuda", [&] {
     auto run = [&](auto vec_tag) {
