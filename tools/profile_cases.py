@@ -12,30 +12,11 @@ import sys
 
 import torch
 
-import baracuda_ops  # noqa: F401  (registers the ops)
-from baracuda_ops import bench
+from case_runs import warmed_runs
 
 
 def main() -> int:
-    wanted = sys.argv[1:]
-    device = torch.device("cuda")
-    cases = [c for fam in bench.families() if hasattr(fam, "benchmarks") for c in fam.benchmarks(device, True)]
-    picked = [c for c in cases if any(w in c.name for w in wanted)]
-    runs = []
-    for case in picked:
-        inputs = case.make_inputs()
-        impls = {"baracuda": case.ours, **case.peers}
-        if case.compile_peer is not None:
-            torch._dynamo.reset()
-            impls["torch.compile"] = torch.compile(case.compile_peer)
-        for name, fn in impls.items():
-            try:
-                for _ in range(3):  # warm-up: compilation, autotuning, allocator
-                    fn(*inputs)
-            except Exception as e:
-                print(f"skip [{name}] {case.name}: {type(e).__name__}")
-                continue
-            runs.append((case.name, name, fn, inputs))
+    runs = list(warmed_runs(sys.argv[1:], torch.device("cuda")))
     torch.cuda.synchronize()
     for case_name, name, fn, inputs in runs:
         torch.cuda.nvtx.range_push(f"{name} | {case_name}")

@@ -17,8 +17,7 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import baracuda_ops  # noqa: F401  (registers the ops)
-from baracuda_ops import bench
+from case_runs import warmed_runs
 
 
 def kernels_of_last_call(fn, inputs, calls=3):
@@ -43,33 +42,18 @@ def kernels_of_last_call(fn, inputs, calls=3):
 
 
 def main() -> int:
-    wanted = sys.argv[1:]
-    device = torch.device("cuda")
-    cases = [c for fam in bench.families() if hasattr(fam, "benchmarks") for c in fam.benchmarks(device, True)]
-    for case in (c for c in cases if any(w in c.name for w in wanted)):
-        inputs = case.make_inputs()
-        impls = {"baracuda": case.ours, **case.peers}
-        if case.compile_peer is not None:
-            torch._dynamo.reset()
-            impls["torch.compile"] = torch.compile(case.compile_peer)
-        for name, fn in impls.items():
-            try:
-                for _ in range(3):  # warm-up: compilation, autotuning, allocator
-                    fn(*inputs)
-                torch.cuda.synchronize()
-                kernels = kernels_of_last_call(fn, inputs)
-            except Exception as e:  # a peer that cannot run this case
-                print(f"skip [{name}] {case.name}: {type(e).__name__}")
-                continue
-            print(f"== [{name}] {case.name}")
-            if not kernels:
-                continue
-            t0 = kernels[0]["ts"]
-            for k in kernels:
-                stream = k.get("args", {}).get("stream", "?")
-                print(f"  s{stream:<3} {k['ts'] - t0:9.1f} {k['dur']:9.1f}  {k['name'][:110]}")
-            span = max(k["ts"] + k["dur"] for k in kernels) - t0
-            print(f"  span {span:.1f} us, kernel time {sum(k['dur'] for k in kernels):.1f} us")
+    for case_name, name, fn, inputs in warmed_runs(sys.argv[1:], torch.device("cuda")):
+        torch.cuda.synchronize()
+        kernels = kernels_of_last_call(fn, inputs)
+        print(f"== [{name}] {case_name}")
+        if not kernels:
+            continue
+        t0 = kernels[0]["ts"]
+        for k in kernels:
+            stream = k.get("args", {}).get("stream", "?")
+            print(f"  s{stream:<3} {k['ts'] - t0:9.1f} {k['dur']:9.1f}  {k['name'][:110]}")
+        span = max(k["ts"] + k["dur"] for k in kernels) - t0
+        print(f"  span {span:.1f} us, kernel time {sum(k['dur'] for k in kernels):.1f} us")
     return 0
 
 
