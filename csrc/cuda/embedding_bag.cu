@@ -575,10 +575,8 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
 }
 
 // Step (4b): group[g] = sum of head[j] over the kGroup chunks of group g, in
-// order, for groups that lie wholly inside one run. (A group whose first chunk
-// begins the run is summed too, from a head partial the sweep did not write; it
-// is never read: crossing_rows_kernel takes groups only after a run's first
-// chunk; skipping such groups would only save their work.)
+// order, for groups that lie wholly inside one run that began before them (the
+// only groups crossing_rows_kernel reads; a run's first chunk has no head partial).
 template <typename AccT, int V>
 __global__ void __launch_bounds__(kThreads)
     group_partials_kernel(const uint32_t* __restrict__ keys, int64_t n, uint32_t num_weights, int64_t num_groups,
@@ -589,7 +587,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j0 = gi * kGroup;
   const int64_t ps = j0 * kChunk, pe = std::min<int64_t>(n, (j0 + kGroup) * kChunk);
   const uint32_t k = keys[ps];
-  if (k >= num_weights || keys[pe - 1] != k) return;
+  if (k >= num_weights || keys[pe - 1] != k || ps == 0 || keys[ps - 1] != k) return;
   for (int64_t col = int64_t(lane) * V; col < dim; col += int64_t(team) * V) {
     AccT acc[V];
     zero(acc);
