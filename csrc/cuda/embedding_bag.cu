@@ -310,14 +310,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
 //   mean: grad[bag_i] / bag_size[bag_i]
 //   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
 // Steps, no atomics: (1) key_i = indices[i] for used positions, else V; max
-// mode also marks, per position, the columns it won (max_won_kernel, on a stream
-// of its own beside steps (1)-(3), joined before (4)); (2) stable radix sort of (key, i): each row's positions become one run, in position
-// order; (3) the end of each row's run in the sorted order, and each sorted
-// position's bag; (4) the sorted order is cut into chunks of kChunk positions,
-// each swept in order: a run inside one chunk is summed straight into its row of
+// mode also marks, per position, the columns it won (max_won_kernel, on a
+// stream of its own beside steps (1)-(3), joined before (4)); (2) stable radix
+// sort of (key, i): each row's positions become one run, in position order; (3)
+// the end of each row's run in the sorted order, and each sorted position's
+// bag; (4) the sorted order is cut into chunks of kChunk positions, each swept
+// in order: a run inside one chunk is summed straight into its row of
 // grad_weight; a run that crosses a chunk boundary gets its part in each chunk
-// summed into a head (chunk's first run) or tail (chunk's last run) partial, and
-// every kGroup chunks wholly inside one run are summed again into a group
+// summed into a head (chunk's first run) or tail (chunk's last run) partial,
+// and every kGroup chunks wholly inside one run are summed again into a group
 // partial; (5) the row of each crossing run is tail[first] + (group or head
 // partials, in chunk order) + head[last]. Rows with no run are zeroed by a fill
 // on a second stream, which starts after step (1) or (3) (early_fill: whichever
