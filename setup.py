@@ -9,8 +9,11 @@ uses the torch that is already installed.
 
 import glob
 import os
+import shlex
+import subprocess
 import sys
 import sysconfig
+import tempfile
 
 from setuptools import setup
 
@@ -26,12 +29,30 @@ def _want_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def _openmp_flags() -> list[str]:
+    """["-fopenmp"] when the C++ compiler (CXX, else c++) builds and links an OpenMP
+    program. ATen's at::parallel_for, inlined into our CPU kernels, spreads its loop
+    over ATen's OpenMP threads only in code compiled with OpenMP; without it the loop
+    runs on one thread. At run time the extension shares torch's libgomp (same soname)."""
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "omp.cpp")
+        with open(src, "w") as f:
+            f.write("#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
+        probe = subprocess.run(cxx + ["-fopenmp", src, "-o", os.path.join(tmp, "omp")], capture_output=True)
+    if probe.returncode != 0:
+        print("baracuda_ops: the C++ compiler does not take -fopenmp; CPU kernels will run on one thread")
+        return []
+    return ["-fopenmp"]
+
+
 def _extension():
     with_cuda = _want_cuda()
     sources = [os.path.join("csrc", "registration.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     define_macros: list = []
-    cxx_flags = ["-O3"]
+    openmp = _openmp_flags()
+    cxx_flags = ["-O3"] + openmp
     if not with_cuda:
         return CppExtension(
             "baracuda_ops._C",
@@ -39,6 +60,7 @@ def _extension():
             include_dirs=include_dirs,
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=openmp,
         )
 
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
@@ -62,6 +84,7 @@ def _extension():
             "cxx": cxx_flags,
             "nvcc": ["-O3", "-lineinfo", "--expt-relaxed-constexpr"],
         },
+        extra_link_args=openmp,
     )
 
 

@@ -59,6 +59,8 @@ def build_info() -> dict[str, Any]:
         "version": __version__,
         "torch": torch.__version__,
         "cpu": True,
+        # CPU kernels compiled with OpenMP, so that at::parallel_for uses ATen's threads
+        "cpu_openmp": bool(_C.with_openmp),
         "cuda": bool(_C.with_cuda),
         "cuda_archs": _C.cuda_archs or None,
         "torch_cuda": torch.version.cuda,

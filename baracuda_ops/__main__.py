@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     info = baracuda_ops.build_info()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"baracuda_ops {info['version']} | torch {info['torch']} | device {device} ({name})")
-    print(f"built: CPU kernels, CUDA kernels: {'yes, archs ' + str(info['cuda_archs']) if info['cuda'] else 'no'}")
+    cpu_threads = torch.get_num_threads() if info["cpu_openmp"] else 1
+    print(
+        f"built: CPU kernels ({cpu_threads} thread{'s' if cpu_threads > 1 else ''}), "
+        f"CUDA kernels: {'yes, archs ' + str(info['cuda_archs']) if info['cuda'] else 'no'}"
+    )
     if device.type == "cuda" and not info["cuda"]:
         print("error: this build has no CUDA kernels")
         return 2

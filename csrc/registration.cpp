@@ -133,12 +133,19 @@ TORCH_LIBRARY(baracuda, m) {
 #define BARACUDA_PY_WITH_CUDA 0
 #define BARACUDA_CUDA_ARCHS ""
 #endif
+// at::parallel_for runs its loops on ATen's threads only in code built with OpenMP.
+#ifdef _OPENMP
+#define BARACUDA_PY_OPENMP 1
+#else
+#define BARACUDA_PY_OPENMP 0
+#endif
 
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "baracuda_ops native kernels", -1, nullptr};
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr) return nullptr;
   if (PyModule_AddIntConstant(m, "with_cuda", BARACUDA_PY_WITH_CUDA) < 0 ||
+      PyModule_AddIntConstant(m, "with_openmp", BARACUDA_PY_OPENMP) < 0 ||
       PyModule_AddStringConstant(m, "cuda_archs", BARACUDA_CUDA_ARCHS) < 0) {
     Py_DECREF(m);
     return nullptr;
