@@ -25,8 +25,9 @@ void fmp_forward_planes(const FmpGeometry& g, const scalar_t* x, const scalar_t*
                         int64_t* idx) {
   const int dims = g.dims;
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
-  at::parallel_for(0, g.planes(), std::max<int64_t>(1, 16384 / std::max<int64_t>(1, out_plane)),
-                   [&](int64_t begin, int64_t end) {
+  // A grain of about 32k window loads: a plane's work is its output cells times the window.
+  const int64_t plane_loads = std::max<int64_t>(1, out_plane * g.k[0] * g.k[1] * g.k[2]);
+  at::parallel_for(0, g.planes(), std::max<int64_t>(1, 32768 / plane_loads), [&](int64_t begin, int64_t end) {
     std::vector<int64_t> start[3];
     for (int64_t p = begin; p < end; ++p) {
       for (int a = 0; a < 3; ++a) {
