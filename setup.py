@@ -39,8 +39,12 @@ def _openmp_flags() -> list[str]:
         src = os.path.join(tmp, "omp.cpp")
         with open(src, "w") as f:
             f.write("#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
-        probe = subprocess.run(cxx + ["-fopenmp", src, "-o", os.path.join(tmp, "omp")], capture_output=True)
-    if probe.returncode != 0:
+        try:
+            probe = subprocess.run(cxx + ["-fopenmp", src, "-o", os.path.join(tmp, "omp")], capture_output=True)
+            ok = probe.returncode == 0
+        except OSError:  # no such compiler: the build proper will say so
+            ok = False
+    if not ok:
         print("baracuda_ops: the C++ compiler does not take -fopenmp; CPU kernels will run on one thread")
         return []
     return ["-fopenmp"]
