@@ -6,7 +6,9 @@
 Each argument is a substring of a case name (as printed by the benchmark, `--full` set).
 Each implementation is warmed up, then run three times under torch.profiler; for the
 last call every kernel is printed with its stream, start (µs from the call's first
-kernel) and duration, then the call's span from first start to last end.
+kernel), duration and the host time its launch call began (same time base; a kernel that
+starts long after its launch waited on the GPU, one launched late waited on the host), then
+the call's span from first start to last end.
 """
 
 import json
@@ -33,25 +35,26 @@ def kernels_of_last_call(fn, inputs, calls=3):
             events = json.load(f)["traceEvents"]
     last = next(e for e in events if e.get("name") == f"call{calls - 1}" and e.get("ph") == "X")
     # Kernels launched inside the last call's CPU range (their correlation ids).
-    launches = {e["args"]["correlation"] for e in events
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
                 if e.get("cat") == "cuda_runtime" and last["ts"] <= e["ts"] <= last["ts"] + last["dur"]
                 and "correlation" in e.get("args", {})}
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
                and e.get("args", {}).get("correlation") in launches]
-    return sorted(kernels, key=lambda e: e["ts"])
+    return sorted(kernels, key=lambda e: e["ts"]), launches
 
 
 def main() -> int:
     for case_name, name, fn, inputs in warmed_runs(sys.argv[1:], torch.device("cuda")):
         torch.cuda.synchronize()
-        kernels = kernels_of_last_call(fn, inputs)
+        kernels, launches = kernels_of_last_call(fn, inputs)
         print(f"== [{name}] {case_name}")
         if not kernels:
             continue
         t0 = kernels[0]["ts"]
         for k in kernels:
             stream = k.get("args", {}).get("stream", "?")
-            print(f"  s{stream:<3} {k['ts'] - t0:9.1f} {k['dur']:9.1f}  {k['name'][:110]}")
+            launched = launches[k["args"]["correlation"]] - t0
+            print(f"  s{stream:<3} {k['ts'] - t0:9.1f} {k['dur']:9.1f} {launched:9.1f}  {k['name'][:100]}")
         span = max(k["ts"] + k["dur"] for k in kernels) - t0
         print(f"  span {span:.1f} us, kernel time {sum(k['dur'] for k in kernels):.1f} us")
     return 0
