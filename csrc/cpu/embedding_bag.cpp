@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "baracuda/checks.h"
@@ -61,7 +62,38 @@ void prefetch_row(const scalar_t* row, int64_t D) {
 
 // ---------------------------------------------------------------------------
 // Forward: one bag per iteration, the bag's entries in position order (see
-// embedding_bag.h for the math), accumulated in acc_t.
+// embedding_bag.h for the math), accumulated in acc_t. A first pass over the
+// bag's entries sets offset2bag, prefetches rows and counts the entries that
+// are not padding; then max mode scans the rows, sum and mean add them in
+// column blocks.
+
+// Sum and mean: columns [c0, c0 + cols) of the bag's sum over entries [begin,
+// end), in position order, into acc[c0 ..]. With kCols > 0 the block is a
+// compile-time kCols columns, which the compiler keeps in vector registers for
+// the whole bag (a loop over all D columns reloaded and stored acc for every
+// entry). Without per-sample weights nothing is multiplied (1 * x == x, so the
+// bits are those of acc + 1 * x; the multiply took a third of the time).
+constexpr int64_t kSumCols = 16;
+
+template <int64_t kCols, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+void sum_columns(const scalar_t* weight, const index_t* indices, const scalar_t* psw, int64_t D,
+                 int64_t padding_idx, int64_t begin, int64_t end, int64_t c0, int64_t cols, acc_t* acc) {
+  constexpr int64_t kBuf = kCols > 0 ? kCols : kSumCols;
+  const int64_t n = kCols > 0 ? kCols : cols;
+  acc_t a[kBuf] = {};
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t idx = static_cast<int64_t>(indices[i]);
+    if (idx == padding_idx) continue;
+    const scalar_t* row = weight + idx * D + c0;
+    if constexpr (kWeighted) {
+      const acc_t coef = static_cast<acc_t>(psw[i]);
+      for (int64_t k = 0; k < n; ++k) a[k] += coef * static_cast<acc_t>(row[k]);
+    } else {
+      for (int64_t k = 0; k < n; ++k) a[k] += static_cast<acc_t>(row[k]);
+    }
+  }
+  for (int64_t k = 0; k < n; ++k) acc[c0 + k] = a[k];
+}
 
 template <typename scalar_t, typename acc_t, typename index_t>
 void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* offsets, const scalar_t* psw,
@@ -75,36 +107,55 @@ void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
       int64_t begin, end;
       bool bad;
       bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      int64_t* pos = g.mode == kModeMax ? max_pos + b * D : nullptr;
-      if (pos != nullptr) std::fill(pos, pos + D, int64_t(-1));
       int64_t count = 0;
       for (int64_t i = begin; i < end; ++i) {
         offset2bag[i] = b;
         if (i + kPrefetchAhead < g.num_indices) {
           prefetch_row(weight + static_cast<int64_t>(indices[i + kPrefetchAhead]) * D, D);
         }
-        const int64_t idx = static_cast<int64_t>(indices[i]);
-        if (idx == g.padding_idx) continue;
-        const scalar_t* row = weight + idx * D;
-        if (pos != nullptr) {
+        count += static_cast<int64_t>(indices[i]) != g.padding_idx;
+      }
+      if (g.mode == kModeMax) {
+        int64_t* pos = max_pos + b * D;
+        std::fill(pos, pos + D, int64_t(-1));
+        bool first = true;
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t idx = static_cast<int64_t>(indices[i]);
+          if (idx == g.padding_idx) continue;
+          const scalar_t* row = weight + idx * D;
           for (int64_t d = 0; d < D; ++d) {
             const acc_t v = static_cast<acc_t>(row[d]);
-            if (count == 0 || v > acc[d]) {
+            if (first || v > acc[d]) {
               acc[d] = v;
               pos[d] = i;
             }
           }
-        } else {
-          const acc_t coef = psw != nullptr ? static_cast<acc_t>(psw[i]) : acc_t(1);
-          for (int64_t d = 0; d < D; ++d) acc[d] += coef * static_cast<acc_t>(row[d]);
+          first = false;
         }
-        ++count;
+      } else {
+        const auto sum_all = [&](auto weighted) {
+          constexpr bool kWeighted = decltype(weighted)::value;
+          int64_t c0 = 0;
+          for (; c0 + kSumCols <= D; c0 += kSumCols) {
+            sum_columns<kSumCols, kWeighted>(weight, indices, psw, D, g.padding_idx, begin, end, c0, kSumCols,
+                                             acc.data());
+          }
+          if (c0 < D) {
+            sum_columns<0, kWeighted>(weight, indices, psw, D, g.padding_idx, begin, end, c0, D - c0, acc.data());
+          }
+        };
+        if (psw != nullptr) {
+          sum_all(std::true_type{});
+        } else {
+          sum_all(std::false_type{});
+        }
       }
       bag_size[b] = count;
       scalar_t* o = out + b * D;
       for (int64_t d = 0; d < D; ++d) {
-        const acc_t v = g.mode == kModeMean ? (count > 0 ? acc[d] / static_cast<acc_t>(count) : acc_t(0)) : acc[d];
+        const acc_t v = g.mode == kModeMean ? (count > 0 ? acc[d] / static_cast<acc_t>(count) : acc_t(0))
+                        : count > 0          ? acc[d]
+                                             : acc_t(0);
         o[d] = static_cast<scalar_t>(v);
       }
     }
