@@ -103,12 +103,14 @@ def backward_reference(x, ns, w, g):
 
 
 # Backward: the cases above, plus decode-like rows (a single long row spread over a
-# cluster, a few rows of a CTA each).
+# cluster, a few rows of a CTA each) and more rows than SMs of a CTA each (on CUDA the
+# weight staged in shared memory where its vectors are 16 bytes).
 BACKWARD_CASES = [c for c in CASES if c[0] != (1, 300000)] + [
     ((1, 40000), (40000,)),
     ((1, 8192), (8192,)),
     ((8, 8192), (8192,)),
     ((32, 4096), (4096,)),
+    ((200, 4096), (4096,)),
 ]
 
 

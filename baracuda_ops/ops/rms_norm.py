@@ -343,10 +343,13 @@ def self_checks():
 
     def backward(dtype):
         def run(device):
-            for n in (7, 1024, 3000, 65536):
-                x = torch.randn(6, n, device=device, dtype=dtype, requires_grad=True)
+            # A few rows (latency-bound launches), then more rows than SMs: short rows
+            # sharing a CTA, a row per CTA, a row per cluster (CUDA: weight staged in
+            # shared memory where its vectors are 16 bytes).
+            for m, n in ((6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40), (200, 4096), (150, 32768)):
+                x = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True)
                 w = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
-                g = torch.randn(6, n, device=device, dtype=dtype)
+                g = torch.randn(m, n, device=device, dtype=dtype)
                 dx, dw = torch.autograd.grad(rms_norm(x, (n,), w), (x, w), g)
                 x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
                 rx, rw = torch.autograd.grad(_reference(x64, (n,), w64, torch.finfo(_acc_dtype(dtype)).eps), (x64, w64),

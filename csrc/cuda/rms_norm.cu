@@ -13,7 +13,11 @@
 //   - the backward of a single row, or of a few rows of a CTA each, too long for
 //     that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
-// Backward rows that need a cluster run two CTAs per SM (64 registers).
+// Backward rows that need a cluster run two CTAs per SM (64 registers). The
+// backward register launches (not the few-rows ones) copy each thread's weight
+// vectors into shared memory once and read them there, twice per row, instead of
+// from L2 (where the vectors are 16 bytes and the extra shared memory keeps as
+// many CTAs per SM: a float32 weight with a half input is not staged).
 // Rows longer than kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use
 // a two-pass kernel that reads x (and dy) twice.
 //
@@ -397,13 +401,18 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
+//   stage_w (16-byte weight vectors, the register launches that are not few-rows):
+//   a thread's columns are the same for every row it visits, so it copies its
+//   w vectors into shared memory once, after the dW slots, and reads them there
+//   (twice per row) instead of from L2.
 
 template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks>
 __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
-                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster) {
+                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, bool stage_w) {
   constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
+  constexpr bool kCanStage = !kFewRows && sizeof(W) * V == 16;
   cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
@@ -426,6 +435,31 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 #pragma unroll
     for (int k = 0; k < Vpt * V; ++k) dw_sum(k) = AccT(0);
   }
+  // This thread's weight vector j: staged in shared memory (its own slots, no
+  // barrier needed) or loaded from global memory at each use.
+  using WVec = cuda::Vec<W, V>;
+  WVec* w_stage = nullptr;
+  if constexpr (kCanStage) {
+    if (stage_w) {
+      w_stage = reinterpret_cast<WVec*>(rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0));
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (q < nv) w_stage[j * blockDim.x + threadIdx.x] = cuda::load_vec<W, V>(w + int64_t(q) * V);
+      }
+    }
+  }
+  const auto weight_at = [&](int j, int q, AccT(&wv)[V]) {
+    if constexpr (kCanStage) {
+      if (w_stage != nullptr) {
+        const WVec v = w_stage[j * blockDim.x + threadIdx.x];
+#pragma unroll
+        for (int i = 0; i < V; ++i) wv[i] = static_cast<AccT>(v.v[i]);
+        return;
+      }
+    }
+    load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+  };
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
@@ -448,7 +482,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       const int q = j * L.row_threads + L.u;
       if (q < nv) {
         AccT wv[V];
-        load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+        weight_at(j, q, wv);
 #pragma unroll
         for (int i = 0; i < V; ++i) s += g_at(j, i) * wv[i] * x_at(j, i);
       }
@@ -461,7 +495,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       if (!live || q >= nv) continue;
       if (dx != nullptr) {
         AccT wv[V];
-        load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+        weight_at(j, q, wv);
         cuda::Vec<T, V> out;
 #pragma unroll
         for (int i = 0; i < V; ++i) {
@@ -820,10 +854,22 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                        rows.N);
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
+            // The weight staged in shared memory (see the kernel) where its vectors are
+            // 16 bytes and the extra shared memory leaves as many CTAs resident.
+            int64_t smem = c.smem;
+            bool stage_w = false;
+            if constexpr (sizeof(W) * V == 16) {
+              const int64_t staged = c.smem + int64_t(c.block) * c.vpt * 16;
+              stage_w = wp != nullptr && c.vpt == kVpt && staged <= max_smem_optin() &&
+                        cuda::resident_groups(kernel, c.block, c.cluster, staged) ==
+                            cuda::resident_groups(kernel, c.block, c.cluster, c.smem);
+              if (stage_w) smem = staged;
+            }
             cuda::launch(kernel,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
-                          .smem = c.smem},
-                         gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster);
+                          .smem = smem},
+                         gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
+                         stage_w);
           });
         }
         if (want_dw && !direct) {
