@@ -14,10 +14,11 @@
 //     that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
 // Backward rows that need a cluster run two CTAs per SM (64 registers). The
-// backward register launches (not the few-rows ones) copy each thread's weight
-// vectors into shared memory once and read them there, twice per row, instead of
-// from L2 (where the vectors are 16 bytes and the extra shared memory keeps as
-// many CTAs per SM: a float32 weight with a half input is not staged).
+// register launches (not the few-rows ones) copy each thread's weight vectors
+// into shared memory once and read them there (forward: once per row, backward:
+// twice) instead of from L2, where the vectors are 16 bytes and the extra shared
+// memory keeps as many CTAs per SM (a float32 weight with a half input is not
+// staged: staged_weight, staged_weight_bytes).
 // Rows longer than kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use
 // a two-pass kernel that reads x (and dy) twice.
 //
@@ -323,21 +324,55 @@ struct RowLayout {
   }
 };
 
+// The weight of the register kernels' rows: weight_at(j, q, wv) sets wv to w[q * V
+// .. q * V + V), this thread's vector j. A thread's columns are the same for every
+// row it visits; with `stage` (16-byte vectors, not the few-rows launches) it
+// copies its vectors once into `smem` (its own slots, j * blockDim.x + threadIdx.x:
+// no barrier needed) and weight_at reads them there instead of from L2.
+template <bool kFewRows, typename AccT, typename W, int V, int Vpt>
+__device__ __forceinline__ auto staged_weight(const W* __restrict__ w, bool stage, unsigned char* smem,
+                                              const RowLayout& L, int nv) {
+  using WVec = cuda::Vec<W, V>;
+  WVec* staged = nullptr;
+  if constexpr (!kFewRows && sizeof(W) * V == 16) {
+    if (stage) {
+      staged = reinterpret_cast<WVec*>(smem);
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (q < nv) staged[j * blockDim.x + threadIdx.x] = cuda::load_vec<W, V>(w + int64_t(q) * V);
+      }
+    }
+  }
+  return [w, staged](int j, int q, AccT(&wv)[V]) {
+    if (staged != nullptr) {
+      const WVec v = staged[j * blockDim.x + threadIdx.x];
+#pragma unroll
+      for (int i = 0; i < V; ++i) wv[i] = static_cast<AccT>(v.v[i]);
+      return;
+    }
+    load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+  };
+}
+
 // ---------------------------------------------------------------------------
 // Forward, row in registers:
 //   ss = sum_i x_i^2 (acc_t, this thread's vectors in order, then row_sum)
 //   rstd = 1 / sqrt(ss / N + eps);  y_i = T(x_i * rstd * w_i)
 // x is read once (kept in registers between the two steps); rstd written by u == 0.
+// stage_w: the thread's w vectors in shared memory (staged_weight).
 
 template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                        AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps) {
+                        AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps, bool stage_w) {
   constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
+  extern __shared__ __align__(16) unsigned char rms_smem[];
   const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
+  const auto weight_at = staged_weight<kFewRows, AccT, W, V, Vpt>(w, stage_w, rms_smem, L, nv);
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
@@ -380,7 +415,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
           for (int i = 0; i < V; ++i) wv[i] = w_early[j][i];
         } else {
-          load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+          weight_at(j, q, wv);
         }
         cuda::Vec<T, V> out;
 #pragma unroll
@@ -401,10 +436,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
-//   stage_w (16-byte weight vectors, the register launches that are not few-rows):
-//   a thread's columns are the same for every row it visits, so it copies its
-//   w vectors into shared memory once, after the dW slots, and reads them there
-//   (twice per row) instead of from L2.
+//   stage_w: the thread's w vectors in shared memory after the dW slots
+//   (staged_weight).
 
 template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks>
 __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
@@ -412,7 +445,6 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, bool stage_w) {
   constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
-  constexpr bool kCanStage = !kFewRows && sizeof(W) * V == 16;
   cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
@@ -435,31 +467,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 #pragma unroll
     for (int k = 0; k < Vpt * V; ++k) dw_sum(k) = AccT(0);
   }
-  // This thread's weight vector j: staged in shared memory (its own slots, no
-  // barrier needed) or loaded from global memory at each use.
-  using WVec = cuda::Vec<W, V>;
-  WVec* w_stage = nullptr;
-  if constexpr (kCanStage) {
-    if (stage_w) {
-      w_stage = reinterpret_cast<WVec*>(rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0));
-#pragma unroll
-      for (int j = 0; j < Vpt; ++j) {
-        const int q = j * L.row_threads + L.u;
-        if (q < nv) w_stage[j * blockDim.x + threadIdx.x] = cuda::load_vec<W, V>(w + int64_t(q) * V);
-      }
-    }
-  }
-  const auto weight_at = [&](int j, int q, AccT(&wv)[V]) {
-    if constexpr (kCanStage) {
-      if (w_stage != nullptr) {
-        const WVec v = w_stage[j * blockDim.x + threadIdx.x];
-#pragma unroll
-        for (int i = 0; i < V; ++i) wv[i] = static_cast<AccT>(v.v[i]);
-        return;
-      }
-    }
-    load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
-  };
+  const auto weight_at = staged_weight<kFewRows, AccT, W, V, Vpt>(
+      w, stage_w, rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0), L, nv);
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
@@ -672,6 +681,20 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // ---------------------------------------------------------------------------
 // Launchers.
 
+// Shared-memory bytes that stage the weight (staged_weight) on top of the
+// choice's c.smem, or 0: 16-byte weight vectors, a register launch that is not
+// few-rows, and as many CTAs (or clusters) resident with them as without.
+template <typename... Args>
+int64_t staged_weight_bytes(void (*kernel)(Args...), const RmsChoice& c, bool weighted, int64_t w_vec_bytes) {
+  if (!weighted || w_vec_bytes != 16 || c.looped || c.vpt < kVpt) return 0;
+  const int64_t bytes = int64_t(c.block) * c.vpt * w_vec_bytes;
+  if (c.smem + bytes > max_smem_optin()) return 0;
+  return cuda::resident_groups(kernel, c.block, c.cluster, c.smem + bytes) ==
+                 cuda::resident_groups(kernel, c.block, c.cluster, c.smem)
+             ? bytes
+             : 0;
+}
+
 // Calls fn(std::integral_constant<int, V>) with V the chosen vector width.
 template <typename T, typename Fn>
 void with_vec(const RmsChoice& c, Fn&& fn) {
@@ -779,9 +802,13 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
                        static_cast<acc_t>(e));
         } else {
           with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
-            cuda::launch(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>,
-                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster}, xp,
-                         wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e));
+            auto* kernel = rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>;
+            const int64_t staged = staged_weight_bytes(kernel, c, wp != nullptr, int64_t(sizeof(W)) * V);
+            cuda::launch(kernel,
+                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
+                          .smem = c.smem + staged},
+                         xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e),
+                         staged > 0);
           });
         }
       });
@@ -854,22 +881,12 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                        rows.N);
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
-            // The weight staged in shared memory (see the kernel) where its vectors are
-            // 16 bytes and the extra shared memory leaves as many CTAs resident.
-            int64_t smem = c.smem;
-            bool stage_w = false;
-            if constexpr (sizeof(W) * V == 16) {
-              const int64_t staged = c.smem + int64_t(c.block) * c.vpt * 16;
-              stage_w = wp != nullptr && c.vpt == kVpt && staged <= max_smem_optin() &&
-                        cuda::resident_groups(kernel, c.block, c.cluster, staged) ==
-                            cuda::resident_groups(kernel, c.block, c.cluster, c.smem);
-              if (stage_w) smem = staged;
-            }
+            const int64_t staged = staged_weight_bytes(kernel, c, wp != nullptr, int64_t(sizeof(W)) * V);
             cuda::launch(kernel,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
-                          .smem = smem},
+                          .smem = c.smem + staged},
                          gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
-                         stage_w);
+                         staged > 0);
           });
         }
         if (want_dw && !direct) {
