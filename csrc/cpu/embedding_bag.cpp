@@ -132,6 +132,7 @@ void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
           }
           first = false;
         }
+        if (first) std::fill(acc.begin(), acc.end(), acc_t(0));  // no entry: an empty bag gives zeros
       } else {
         const auto sum_all = [&](auto weighted) {
           constexpr bool kWeighted = decltype(weighted)::value;
@@ -153,9 +154,7 @@ void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
       bag_size[b] = count;
       scalar_t* o = out + b * D;
       for (int64_t d = 0; d < D; ++d) {
-        const acc_t v = g.mode == kModeMean ? (count > 0 ? acc[d] / static_cast<acc_t>(count) : acc_t(0))
-                        : count > 0          ? acc[d]
-                                             : acc_t(0);
+        const acc_t v = g.mode == kModeMean ? (count > 0 ? acc[d] / static_cast<acc_t>(count) : acc_t(0)) : acc[d];
         o[d] = static_cast<scalar_t>(v);
       }
     }
