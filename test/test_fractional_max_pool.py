@@ -228,6 +228,56 @@ def test_backward_tiled_planes_and_overlaps(device, dims, dtype):
                 assert ws > shape[0] * shape[1] * 4
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_sweep_and_mask_passes(device, dims, dtype):
+    # The forward sweep's kind of problems (windows from disjoint to kernel = half the
+    # input: from 1 to hundreds of cells that can reach one element) and one explicit
+    # problem of more than 32 such cells, whose mask fields take several passes on CUDA;
+    # against the float64 scatter reference, and bit-identical to the CPU kernel (both
+    # add in increasing output-cell order) and run to run.
+    passes = [((2, 3, 20, 20), (6, 6), (15, 15))] if dims == 2 else [((1, 2, 13, 13, 13), (3, 3, 3), (10, 10, 10))]
+    for shape, k, out in _sweep(dims, 24, seed=dims * 100 + 7) + passes:
+        x = random(shape, dtype, device)
+        _, i = baracuda_ops.__dict__[f"fractional_max_pool{dims}d"](x, k, out, return_indices=True,
+                                                                 _random_samples=_samples(x, dims))
+        g = random(i.shape, dtype, device)
+        dx = _bw(dims)(g, x, list(k), list(out), i)
+        assert_close(dx, _scatter_reference(g, i, shape, dims), scale=2.0)
+        assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i)), (shape, k, out)
+        assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())), (shape, k, out)
+    if device.type == "cuda":  # 64 slot codes (2d: 8 x 8) and 125 (3d: 5 x 5 x 5)
+        shape, k, out = passes[0]
+        desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
+        plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+        assert plan.sku().variant == f"tile_masks<i32,32 bits,{2 if dims == 2 else 4} passes>+stray_fixup"
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_forward_indices_take_no_full_scan(device, dims):
+    # Indices made by the forward are never strays on CUDA: no tile flags its plane for
+    # the ordered full scan (correct, but hundreds of times slower). Disjoint and
+    # overlapping windows, planes of one tile and of several; every flag is written.
+    if device.type != "cuda":
+        pytest.skip("the stray flags are the CUDA kernel's")
+    problems = ([((2, 4, 112, 112), (2, 2), (56, 56)), ((2, 4, 112, 112), (3, 3), (56, 56)),
+                 ((2, 2, 150, 130), (4, 3), (60, 90)), ((1, 2, 9, 20000), (3, 5), (5, 6000))] if dims == 2
+                else [((1, 4, 32, 64, 64), (2, 2, 2), (16, 32, 32)), ((1, 3, 20, 40, 33), (3, 2, 4), (9, 25, 20)),
+                      ((2, 1, 3, 96, 100), (2, 3, 3), (2, 50, 70))])
+    for shape, k, out in problems:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = random(shape, dtype, device)
+            _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+            g = random(i.shape, dtype, device)
+            desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
+            plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+            flags = torch.full((plan.workspace_size(),), 255, dtype=torch.uint8, device=device)
+            dx = torch.empty_like(x)
+            _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx, workspace=flags)
+            assert int(flags.view(torch.int32).count_nonzero()) == 0, (shape, k, out, dtype, plan.sku().variant)
+            assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
+
+
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_disjoint_windows_crowded_indices(device, dims):
     # Disjoint windows (k <= stride) take the one-store-per-element kernel on CUDA. Indices
@@ -275,7 +325,7 @@ def test_backward_negative_zero_grad_adds_to_positive_zero(device, dims, dtype):
 def test_backward_stray_indices_in_one_tiled_plane(device, dims):
     # Forward indices everywhere but a few cells of one plane that point far from their
     # windows (one into another tile, one duplicated): only that plane takes the
-    # full-scan path, the others the tile rounds; both must match the reference.
+    # full-scan path, the others the tile masks; both must match the reference.
     shape, k, out = ((3, 2, 140, 120), (3, 3), (50, 40)) if dims == 2 else ((2, 2, 12, 40, 36), (2, 3, 2), (6, 13, 17))
     x = random(shape, torch.float64, device)
     _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
@@ -412,7 +462,8 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     if device.type == "cpu":
         assert bplan.sku().variant == "cpu_plane_ordered_scatter" and bplan.workspace_size() == 0
     else:
-        assert bplan.sku().variant == "tile_rounds<i32>+stray_fixup"
+        # overlapping windows: 12 (2d: 4 x 3) and 24 (3d: 3 x 2 x 4) slot codes, so 16- and 32-bit mask fields
+        assert bplan.sku().variant == f"tile_masks<i32,{16 if dims == 2 else 32} bits,1 pass>+stray_fixup"
         # one int32 stray flag per tile; these planes fit one 64 KiB tile
         assert bplan.workspace_size() == shape[0] * shape[1] * 4
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):

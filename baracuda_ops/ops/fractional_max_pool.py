@@ -269,15 +269,17 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic: bit-identical run to run).
 
     Variants: CPU ``cpu_plane_ordered_scatter`` (no workspace). CUDA
-    ``tile_rounds<i32|i64>+stray_fixup``: each block accumulates one tile of a plane
-    (at most 64 KiB of float32 / float64 accumulators in shared memory) from the output
-    cells whose windows can reach it, in rounds of cells that cannot collide;
-    ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size <= stride
-    on every axis): one pass in which each cell stores its gradient, a shared-memory bitmap
-    marking the elements already written. The workspace is one int32 flag per tile
-    (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index outside its
-    cell's window (indices not made by the forward) or, in ``tile_stores``, a second
-    contribution to one element: such planes are recomputed by an ordered full scan.
+    ``tile_masks<i32|i64,B bits,P passes>+stray_fixup``: each block writes one tile of a
+    plane. Each output cell whose window can reach the tile sets, in a B-bit field of
+    the element its index names, the bit of its place among the cells that can reach
+    that element; then each element adds the gradients its bits name in increasing
+    output-cell order, as the CPU kernel does (the results are bit-identical). More than
+    32 such places take P passes. ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size
+    <= stride on every axis): one pass in which each cell stores its gradient, a
+    shared-memory bitmap marking the elements already written. The workspace is one int32
+    flag per tile (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index
+    outside its cell's window (indices not made by the forward) or, in ``tile_stores``, a
+    second contribution to one element: such planes are recomputed by an ordered full scan.
     """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:
@@ -353,19 +355,26 @@ def self_checks():
 
         return run
 
+    # (shape, kernel, output): each CUDA backward variant: overlapping windows (2d: one
+    # pass of 16-bit masks; 3d: 80 rounds, three passes), a plane split in two tiles,
+    # disjoint windows
+    backward_problems = {
+        2: [((2, 3, 23, 19), (3, 3), (12, 10)), ((1, 2, 150, 130), (4, 3), (60, 90)), ((2, 3, 24, 18), (2, 2), (12, 9))],
+        3: [((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((2, 3, 8, 10, 12), (2, 2, 2), (4, 5, 6))],
+    }
+
     def backward(dims, dtype):
         def run(device):
-            shape = (2, 3, 23, 19) if dims == 2 else (2, 3, 9, 11, 10)
-            k, out = ((3, 3), (12, 10)) if dims == 2 else ((3, 3, 3), (5, 6, 7))
-            x = torch.randn(shape, device=device).to(dtype)
-            s = torch.rand(2, 3, dims, device=device).to(dtype)
-            y, i = _functional(dims, x, k, out, None, True, s)
-            g = torch.randn_like(y)
-            ours = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")(g, x, k, out, i)
-            ref = torch.zeros(x.shape, dtype=torch.float64, device=device).flatten(-dims)
-            ref.scatter_add_(-1, i.flatten(-dims), g.double().flatten(-dims))
-            tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6)
-            torch.testing.assert_close(ours.double(), ref.view(x.shape), rtol=tol, atol=tol)
+            for shape, k, out in backward_problems[dims]:
+                x = torch.randn(shape, device=device).to(dtype)
+                s = torch.rand(shape[0], shape[1], dims, device=device).to(dtype)
+                y, i = _functional(dims, x, k, out, None, True, s)
+                g = torch.randn_like(y)
+                ours = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")(g, x, k, out, i)
+                ref = torch.zeros(x.shape, dtype=torch.float64, device=device).flatten(-dims)
+                ref.scatter_add_(-1, i.flatten(-dims), g.double().flatten(-dims))
+                tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6)
+                torch.testing.assert_close(ours.double(), ref.view(x.shape), rtol=tol, atol=tol)
 
         return run
 

@@ -27,9 +27,12 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;            // forward and stray-fixup blocks
 constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured slower)
+// Backward: registers for this many blocks per SM (2d tiles' shared memory allows 5).
+constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : dims == 2 ? 5 : 4; }
 constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
-constexpr int64_t kTileBytes = 64 * 1024;  // backward: acc_t accumulator of one tile (shared memory)
+constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
+constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -43,6 +46,23 @@ constexpr int fmp_window(int dims, int k) { return k == 0 ? 0 : (dims == 3 ? k *
 // Output cells per thread in the forward: enough window loads in flight to cover
 // DRAM latency (the whole window of each cell is loaded before any compare).
 constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 8 ? 4 : 2); }
+
+// Backward geometry along one axis (see the comment above fmp_backward_tile_kernel):
+// the cells whose reach [f(c) - 1, f(c) + k] meets the input range [x0, x1] are
+// [c0, c0 + n), where f(c) = floor(c * (in - k) / (out - 1)) (f = in - k when out == 1).
+__host__ __device__ inline void fmp_reach_cells(int64_t in, int64_t out, int64_t k, int64_t x0, int64_t x1,
+                                                int64_t& c0, int64_t& n) {
+  if (out == 1) {
+    c0 = 0;
+    n = 1;
+    return;
+  }
+  const int64_t a = in - k, b = out - 1;
+  const int64_t m = x0 - k;  // f(c) >= m  <=>  c >= ceil(m * b / a)
+  c0 = m <= 0 ? 0 : std::min<int64_t>(out - 1, (m * b + a - 1) / a);
+  const int64_t c1 = std::min<int64_t>(out - 1, ((x1 + 2) * b - 1) / a);  // f(c) <= x1 + 1
+  n = c1 >= c0 ? c1 - c0 + 1 : 0;
+}
 
 struct FmpChoice {
   bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
@@ -72,47 +92,77 @@ FmpChoice choose_fmp(const FmpGeometry& g) {
 }
 
 // Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
-// box of tile[T] x tile[H] x tile[W] input elements of one plane with at most
-// kTileBytes / sizeof(acc_t) elements; only the outermost axes are split, so a
-// tile is always one contiguous range of the plane. Rounds per axis:
-// R = ceil((k + 2) * (out - 1) / (in - k)), at most out (1 when out == 1; 1 for
-// disjoint windows, whose cells store once per element instead).
+// box of tile[T] x tile[H] x tile[W] input elements of one plane; only the
+// outermost axes are split, so a tile is always one contiguous range of the plane.
+// Span per axis (the most cells that can target one position): S = ceil((k + 2) *
+// (out - 1) / (in - k)), at most out (1 when out == 1; 1 for disjoint windows, whose
+// cells store once per element instead). Shared memory of a block: an acc_t per
+// tile element (and one vector of slack to align it with dx), a mask field of `bits`
+// bits per tile element, and with overlapping windows the dy (acc_t) and target
+// (uint32) of each cell of the box. Tiles start at kTileBytes / sizeof(acc_t)
+// elements and halve until the block fits in kMaxBwdSmem (a plane of 112 x 112
+// float32 with 3 x 3 windows takes two tiles: four blocks per SM, not two).
 struct FmpBackwardChoice {
   bool index32 = true;
   int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
   int64_t count[3] = {1, 1, 1};  // tiles per axis
-  int64_t rounds[3] = {1, 1, 1};
+  int64_t span[3] = {1, 1, 1};
   int64_t tiles = 1;             // tiles per plane
-  bool disjoint = false;         // windows disjoint (k <= alpha on every axis): one store per element, no rounds
-  int64_t acc_bytes = 0;         // (tile elements + one vector of slack) * sizeof(acc_t), 16-byte multiple
-  int64_t smem_bytes = 0;        // acc_bytes + (disjoint) a "seen" bit per tile element, 16-byte multiple
+  bool disjoint = false;         // windows disjoint (k <= alpha on every axis): one store per element, no codes
+  int bits = 1;                  // mask bits per element: 1 (disjoint: seen), else S_T * S_H * S_W rounded up to a power of 2, <= 32
+  int64_t passes = 1;            // overlapping windows: ceil(S_T * S_H * S_W / 32) passes over the cells
+  int64_t box[3] = {1, 1, 1};    // most cells per axis in the box of one tile
+  int64_t box_cells = 0;         // box[0] * box[1] * box[2]
+  int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
+  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell, 16-byte multiple
+  int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
+  int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes
 };
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
   FmpBackwardChoice c;
   c.index32 = choose_fmp(g).index32;
+  c.disjoint = choose_fmp(g).disjoint;
   const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
   const int64_t vec = 16 / static_cast<int64_t>(c10::elementSize(dtype));
-  const int64_t budget = kTileBytes / acc_size;
-  // Largest extent per axis, innermost axes whole first.
-  int64_t inner = 1;
-  for (int a = 2; a >= 0; --a) {
-    const int64_t max_extent = std::max<int64_t>(1, budget / inner);
-    c.count[a] = ceil_div<int64_t>(g.in[a], max_extent);
-    c.tile[a] = ceil_div<int64_t>(g.in[a], c.count[a]);  // balanced tiles
-    inner = c.count[a] == 1 ? inner * g.in[a] : budget + 1;  // a split axis leaves 1 for the outer ones
-  }
-  c.tiles = c.count[0] * c.count[1] * c.count[2];
+  int64_t codes = 1;
   for (int a = 0; a < 3; ++a) {
     const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
-    c.rounds[a] = B <= 0 ? 1 : std::min<int64_t>(g.out[a], ceil_div<int64_t>((g.k[a] + 2) * B, A));
+    c.span[a] = c.disjoint || B <= 0 ? 1 : std::min<int64_t>(g.out[a], ceil_div<int64_t>((g.k[a] + 2) * B, A));
+    codes *= c.span[a];
   }
-  c.disjoint = choose_fmp(g).disjoint;
-  if (c.disjoint) c.rounds[0] = c.rounds[1] = c.rounds[2] = 1;
-  const int64_t elems = c.tile[0] * c.tile[1] * c.tile[2];
-  c.acc_bytes = ceil_div<int64_t>((elems + vec) * acc_size, 16) * 16;
-  c.smem_bytes = c.acc_bytes + (c.disjoint ? ceil_div<int64_t>(elems, 128) * 16 : 0);
-  return c;
+  c.passes = ceil_div<int64_t>(codes, 32);
+  c.bits = 1;
+  while (c.bits < std::min<int64_t>(codes, 32)) c.bits *= 2;
+  for (int64_t budget = kTileBytes / acc_size;; budget = std::max<int64_t>(1, budget / 2)) {
+    // Largest extent per axis, innermost axes whole first.
+    int64_t inner = 1;
+    for (int a = 2; a >= 0; --a) {
+      const int64_t max_extent = std::max<int64_t>(1, budget / inner);
+      c.count[a] = ceil_div<int64_t>(g.in[a], max_extent);
+      c.tile[a] = ceil_div<int64_t>(g.in[a], c.count[a]);  // balanced tiles
+      inner = c.count[a] == 1 ? inner * g.in[a] : budget + 1;  // a split axis leaves 1 for the outer ones
+    }
+    c.tiles = c.count[0] * c.count[1] * c.count[2];
+    c.box_cells = 1;
+    for (int a = 0; a < 3; ++a) {  // the widest box of cells over this axis' tiles
+      int64_t most = 0;
+      for (int64_t i = 0; i < c.count[a]; ++i) {
+        int64_t c0 = 0, n = 0;
+        const int64_t x0 = i * c.tile[a];
+        fmp_reach_cells(g.in[a], g.out[a], g.k[a], x0, std::min(x0 + c.tile[a], g.in[a]) - 1, c0, n);
+        most = std::max(most, n);
+      }
+      c.box[a] = std::max<int64_t>(most, 1);
+      c.box_cells *= c.box[a];
+    }
+    const int64_t elems = c.tile[0] * c.tile[1] * c.tile[2];
+    c.acc_bytes = ceil_div<int64_t>((elems + vec) * acc_size, 16) * 16;
+    c.cell_bytes = c.disjoint ? 0 : ceil_div<int64_t>(c.box_cells * (acc_size + 4), 16) * 16;
+    c.mask_bytes = ceil_div<int64_t>(elems * c.bits, 128) * 16;
+    c.smem_bytes = c.acc_bytes + c.cell_bytes + c.mask_bytes;
+    if (c.smem_bytes <= kMaxBwdSmem || budget == 1) return c;
+  }
 }
 
 // Stray flags, one int32 per backward block; none when nothing is launched.
@@ -130,7 +180,10 @@ std::string fmp_variant(const FmpChoice& c, int dims) {
 }
 
 std::string fmp_backward_variant(const FmpBackwardChoice& c) {
-  return std::string(c.disjoint ? "tile_stores<" : "tile_rounds<") + (c.index32 ? "i32" : "i64") + ">+stray_fixup";
+  const std::string index = c.index32 ? "i32" : "i64";
+  if (c.disjoint) return "tile_stores<" + index + ">+stray_fixup";
+  return "tile_masks<" + index + "," + std::to_string(c.bits) + " bits," + std::to_string(c.passes) +
+         (c.passes == 1 ? " pass" : " passes") + ">+stray_fixup";
 }
 
 // ---------------------------------------------------------------------------
@@ -388,43 +441,44 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // A cell whose index lies in its reach along every axis is REGULAR, any other
 // cell (index from elsewhere, or outside the plane) is a STRAY.
 //
-// Rounds. Along an axis, R = ceil((k + 2) * B / A) (at most out) cells apart have
-// disjoint reaches: for j - i >= R, f(j) - f(i) >= floor((j - i) * A / B) >=
-// floor(R * A / B) >= k + 2, so f(j) - 1 > f(i) + k. Cell (ct, ch, cw) belongs to
-// round ((ct mod R_T) * R_H + ch mod R_H) * R_W + cw mod R_W; two distinct cells
-// of one round differ by a non-zero multiple of R along some axis, so two
-// REGULAR cells of one round never target the same input element.
+// Spans. The cells whose reach holds input position x are those with
+// f(c) in [x - k, x + 1]: the consecutive cells c in [x - k, x + 2) * B / A, at most
+// S = ceil((k + 2) * B / A) of them (and at most out), starting at
+//   first(x) = 0 if x <= k, else min(out - 1, ceil((x - k) * B / A)).
+// So a regular cell c that targets element x sits at offset d = c - first(x) in
+// [0, S) along each axis, and its SLOT CODE ((d_T * S_H) + d_H) * S_W + d_W tells it
+// apart from every other cell that can target x; code order is increasing c.
 //
 // Tiles. Block b owns tile (b mod tiles) of plane (b / tiles): an input box
 // [x0, x1) per axis that is one contiguous range [g0, g0 + len) of the plane
-// (choose_fmp_backward). It zeroes an acc_t accumulator for the tile in shared
-// memory, then walks, in chunks of kBwdThreads * kCellsPerThread, the box of
-// cells whose reach meets the tile (per axis c0 = min c with f(c) + k >= x0,
-// c1 = max c with f(c) - 1 <= x1 - 1); each thread loads its cells' dy and idx
-// coalesced, flags strays, and keeps the regular cells whose index falls in the
-// tile. Then, for each round r: every thread adds its cells of round r,
-//   acc[idx - g0] += dy          (plain shared-memory read-modify-write)
-// and the block synchronizes. Last the tile is rounded to scalar_t once and
-// stored with 16-byte vectors (the accumulator is offset so the vectors align).
+// (choose_fmp_backward). It walks, in chunks of kBwdThreads * kCellsPerThread, the
+// box of cells whose reach meets the tile (fmp_reach_cells); each thread loads its
+// cells' dy and idx coalesced and flags strays.
 //
-// Determinism (tile_rounds). Within a chunk and round no two cells touch the same element and
-// rounds are separated by barriers, so each element receives its contributions
-// in the fixed order (chunk, round), at most one per (chunk, round); the chunks,
-// rounds and tiles are functions of the problem only. Bit-identical run to run.
-// (The order is not increasing o; it differs from it only for elements with
-// three or more contributions, as floating-point addition is commutative.)
+// Every block zeroes an acc_t accumulator for its tile in shared memory and ends by
+// rounding it to scalar_t once and storing it with 16-byte vectors.
 //
-// Disjoint windows (k <= alpha on every axis, choose_fmp): the forward's indices
-// give each element at most one contribution, so the tile skips the rounds: each
-// cell sets the element's bit in a "seen" bitmap (shared-memory atomicOr) and, if it
-// was the first, stores its value; a cell that finds the bit set flags the plane like
-// a stray, and the ordered scan below recomputes the plane (whatever the racing
-// stores left). Only indices not made by the forward, or float rounding that moves
-// a window start onto its neighbour's last element, take that path. With one tile
-// per plane every cell of the plane is in the box, so only indices outside the plane
-// count as strays there (they add nothing, as in the scan) and the reach test is
-// skipped. (Counted atomicAdds that let two contributions through, their sum being
-// order-free, measured 4-13% slower.)
+// Overlapping windows (tile_masks). Each element of the tile has a field of `bits`
+// (>= S_T * S_H * S_W, a power of 2, <= 32) bits in shared memory. A regular cell
+// whose index e falls in the tile sets the bit of its slot code in e's field (integer
+// atomicOr: the result does not depend on the order) and stages its dy and its
+// (element, code) in shared memory. After a barrier the LEADER of each element, the
+// cell of its lowest set bit, adds to the accumulator the staged dy of the cells the
+// set bits name, in increasing code order, that is increasing o as PyTorch's CPU
+// kernel adds them (so CUDA and CPU results are bit-identical). Most elements have one
+// contribution and their leader adds its own dy. More than 32 codes take passes of
+// 32 (pass p: codes [32p, 32p + 32)), the accumulator carrying the sums between
+// passes. Bit-identical run to run.
+//
+// Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
+// indices give each element at most one contribution, so fields are 1 "seen" bit:
+// the first cell to set it stores 0 + dy (0 + (-0) = +0, as an add would give) into
+// the accumulator, and a cell that finds it set flags the plane like a stray, so
+// that the ordered scan below recomputes the plane (whatever the racing stores left).
+// Only indices not made by the forward, or float rounding that moves a window start
+// onto its neighbour's last element, take that path. With one tile per plane every
+// cell of the plane is in the box, so only indices outside the plane count as strays
+// there (they add nothing, as in the scan) and the reach test is skipped.
 //
 // Strays. A regular cell is loaded by every tile its reach meets, so it is added
 // exactly once (by the tile holding its index). A stray can target any tile, so
@@ -434,33 +488,33 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Every cell is loaded by at least one tile (reach(c) meets [0, in)), so every
 // stray is seen. Forward indices are never strays unless float rounding moved a
 // start by two, which only costs time.
+// (Session 5's tile_rounds, which added rounds of cells that cannot collide one after
+// another between barriers, 16 rounds for 2d k = 3 windows, is replaced by the masks.)
 
 template <typename IndexT>
 struct FmpBwdAxis {
   IndexT in, out, k, A;    // A = in - k
   IndexT f_base;           // A when out == 1 (so that f(0) = A), else 0
   IntDivider<IndexT> B;    // out - 1 (1 when out == 1)
-  IntDivider<IndexT> R;    // rounds along this axis
-  int64_t tile, count;     // input extent of a tile, tiles along this axis
+  IntDivider<IndexT> A_div;  // A (1 when A == 0, which implies out == 1)
+  IntDivider<IndexT> S;    // span: most cells whose reach holds one position
+  IndexT tile;             // input extent of a tile
+  IntDivider<IndexT> count;  // tiles along this axis
 
   __device__ __forceinline__ IndexT f(IndexT c) const { return B.div(c * A + f_base); }
-  // x in reach(c) = [f(c) - 1, f(c) + k]
-  __device__ __forceinline__ bool reaches(IndexT c, IndexT x) const {
-    const IndexT s = f(c);
-    return x + 1 >= s && x <= s + k;
+  // x in reach(c) = [f(c) - 1, f(c) + k]  (below f(c) - 1 the difference wraps)
+  __device__ __forceinline__ bool reaches(IndexT c, IndexT x) const { return IndexT(x + 1 - f(c)) <= k + 1; }
+  // The first cell whose reach can hold x (fmp_reach_cells' c0 for [x, x]).
+  __device__ __forceinline__ IndexT first(IndexT x) const {
+    if (out == 1 || x <= k) return 0;
+    const IndexT c = A_div.div((x - k) * B.divisor + A - 1);
+    return c < out ? c : out - 1;
   }
-  // Cells whose reach meets the input range [x0, x1]: [c0, c0 + n).
-  __device__ __forceinline__ void cells(int64_t x0, int64_t x1, int64_t& c0, int64_t& n) const {
-    if (out == 1) {
-      c0 = 0;
-      n = 1;
-      return;
-    }
-    const int64_t a = A, b = B.divisor, o = out;
-    const int64_t m = x0 - int64_t(k);        // f(c) >= m  <=>  c >= ceil(m * b / a)
-    c0 = m <= 0 ? 0 : std::min<int64_t>(o - 1, (m * b + a - 1) / a);
-    const int64_t c1 = std::min<int64_t>(o - 1, ((x1 + 2) * b - 1) / a);  // f(c) <= x1 + 1
-    n = c1 >= c0 ? c1 - c0 + 1 : 0;
+  // The last cell whose reach can hold x (fmp_reach_cells' c0 + n - 1 for [x, x]).
+  __device__ __forceinline__ IndexT last(IndexT x) const {
+    if (out == 1) return 0;
+    const IndexT c = A_div.div((x + 2) * B.divisor - 1);
+    return c < out ? c : out - 1;
   }
 };
 
@@ -468,176 +522,221 @@ template <typename IndexT>
 struct FmpBwdParams {
   FmpBwdAxis<IndexT> axis[3];
   IntDivider<IndexT> in_w, in_h;
-  int64_t in_plane, out_plane, tiles, blocks;
-  IndexT rounds;  // R_T * R_H * R_W (<= cells of a plane)
-  int smem_vecs;  // 16-byte vectors of shared memory: accumulator (largest tile + one vector), then seen bits
-  int acc_bytes;  // where the seen bits start
-  bool disjoint;  // one store per element instead of rounds
+  IntDivider<IndexT> tiles;         // per plane
+  IntDivider<IndexT> box_w, box_h;  // box extents along W and H (the widest over the tiles; cells are
+                                    // staged at their place in a box this size)
+  int64_t in_plane, out_plane, blocks;
+  int acc_bytes, cell_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell; the mask fields
+  int box_cells;            // most cells in a tile's box
+  int mask_vecs;            // 16-byte vectors of mask fields
+  int bits_log2;            // mask bits per element = 1 << bits_log2
+  int passes;
+  bool disjoint;            // tile_stores instead of tile_masks
 };
 
-// A fast divider built on the device (IntDivider's constructor is host-only).
-template <typename T>
-__device__ __forceinline__ IntDivider<T> device_divider(T d) {
-  IntDivider<T> r;
-  r.divisor = d;
-  return r;
-}
-
-template <>
-__device__ __forceinline__ IntDivider<uint32_t> device_divider<uint32_t>(uint32_t d) {
-  IntDivider<uint32_t> r;
-  r.divisor = d;
-  r.shift = d <= 1 ? 0 : 32 - __clz(d - 1);  // least s with 2^s >= d
-  r.m1 = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << r.shift) - d)) / d + 1);
-  return r;
-}
-
-// What a block needs to know about its tile. Thread 0 computes it (64-bit
-// divisions and two dividers' magic numbers) and shares it through shared memory.
+// A block's tile, which every thread of the block computes (fast divisions only).
 template <typename IndexT>
 struct FmpTile {
-  int64_t plane, g0;   // the plane; the tile's first element within the plane
-  int len, shift;      // elements of the tile; accumulator offset that aligns dx's 16-byte vectors
-  IndexT c0[3];        // first cell of the box of cells whose reach meets the tile
-  IndexT ncells;       // cells in that box
-  IntDivider<IndexT> box_w, box_h;  // box extents along W and H
+  IndexT plane, g0;    // the plane; the tile's first element within the plane
+  int len, shift;      // elements of the tile; its dx start's offset from 16-byte alignment, in elements
+  IndexT c0[3], n[3];  // per axis, the cells whose reach meets the tile: [c0, c0 + n)
+  IndexT ncells;       // box places to visit: n[T] x box_h x box_w (rows of the box past n[T] hold no cell)
 };
 
 template <typename scalar_t, typename IndexT>
-__device__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, const scalar_t* dx, int64_t block) {
+__device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, const scalar_t* dx,
+                                                    IndexT block) {
   constexpr int kVec = 16 / sizeof(scalar_t);
   FmpTile<IndexT> t;
-  t.plane = block / p.tiles;
-  int64_t rest = block - t.plane * p.tiles;
-  int64_t x0[3], x1[3], cn[3];
+  const auto pt = p.tiles.divmod(block);
+  t.plane = pt.div;
+  IndexT rest = pt.mod, x0[3], x1[3];
+#pragma unroll
   for (int a = 2; a >= 0; --a) {
     const auto& ax = p.axis[a];
-    const int64_t i = rest % ax.count;
-    rest /= ax.count;
-    x0[a] = i * ax.tile;
-    x1[a] = std::min<int64_t>(x0[a] + ax.tile, int64_t(ax.in));
-    int64_t c0;
-    ax.cells(x0[a], x1[a] - 1, c0, cn[a]);
-    t.c0[a] = static_cast<IndexT>(c0);
+    const auto ic = ax.count.divmod(rest);
+    rest = ic.div;
+    x0[a] = ic.mod * ax.tile;
+    x1[a] = x0[a] + ax.tile < ax.in ? x0[a] + ax.tile : ax.in;
+    t.c0[a] = ax.first(x0[a]);
+    const IndexT c1 = ax.last(x1[a] - 1);
+    t.n[a] = c1 >= t.c0[a] ? c1 - t.c0[a] + 1 : 0;
   }
-  t.g0 = (x0[0] * int64_t(p.axis[1].in) + x0[1]) * int64_t(p.axis[2].in) + x0[2];
+  t.g0 = (x0[0] * p.axis[1].in + x0[1]) * p.axis[2].in + x0[2];
   t.len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
-  t.shift = static_cast<int>((reinterpret_cast<uintptr_t>(dx + t.plane * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
-  t.ncells = static_cast<IndexT>(cn[0] * cn[1] * cn[2]);
-  t.box_w = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[2], 1)));
-  t.box_h = device_divider<IndexT>(static_cast<IndexT>(std::max<int64_t>(cn[1], 1)));
+  t.shift = static_cast<int>(
+      (reinterpret_cast<uintptr_t>(dx + int64_t(t.plane) * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
+  t.ncells = t.n[0] * p.box_h.divisor * p.box_w.divisor;
   return t;
 }
 
-// Cell q of a tile's box, as (t, h, w) output coordinates (2d: t = 0).
+// Box place q of a tile as (t, h, w) output coordinates (2d: t = 0); false where the
+// place holds no cell of this tile (past n along H or W).
 template <int Dims, typename IndexT>
-__device__ __forceinline__ void fmp_box_cell(const FmpTile<IndexT>& t, IndexT q, IndexT (&cell)[3]) {
-  const auto wq = t.box_w.divmod(q);
-  cell[2] = t.c0[2] + wq.mod;
+__device__ __forceinline__ bool fmp_box_cell(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t, IndexT q,
+                                             IndexT (&cell)[3]) {
+  const auto wq = p.box_w.divmod(q);
+  IndexT h = wq.div, tt = 0;
   if constexpr (Dims == 3) {
-    const auto hq = t.box_h.divmod(wq.div);
-    cell[0] = t.c0[0] + hq.div;
-    cell[1] = t.c0[1] + hq.mod;
+    const auto hq = p.box_h.divmod(wq.div);
+    tt = hq.div;
+    h = hq.mod;
+  }
+  cell[0] = t.c0[0] + tt;
+  cell[1] = t.c0[1] + h;
+  cell[2] = t.c0[2] + wq.mod;
+  return h < t.n[1] && wq.mod < t.n[2];
+}
+
+// Plane element e as (t, h, w) input coordinates (2d: t = 0).
+template <int Dims, typename IndexT>
+__device__ __forceinline__ void fmp_element(const FmpBwdParams<IndexT>& p, IndexT e, IndexT (&x)[3]) {
+  const auto we = p.in_w.divmod(e);
+  x[2] = we.mod;
+  if constexpr (Dims == 3) {
+    const auto he = p.in_h.divmod(we.div);
+    x[0] = he.div;
+    x[1] = he.mod;
   } else {
-    cell[0] = 0;
-    cell[1] = t.c0[1] + wq.div;
+    x[0] = 0;
+    x[1] = we.div;
+  }
+}
+
+// tile_masks: the place in a tile's box of the cell with slot code `code`, relative to
+// the cell at offset 0 on every axis (d = the code's digits, S_T x S_H x S_W).
+template <int Dims, typename IndexT>
+__device__ __forceinline__ IndexT fmp_code_offset(const FmpBwdParams<IndexT>& p, IndexT code) {
+  const auto dw = p.axis[2].S.divmod(code);
+  if constexpr (Dims == 3) {
+    const auto dh = p.axis[1].S.divmod(dw.div);
+    return (dh.div * p.box_h.divisor + dh.mod) * p.box_w.divisor + dw.mod;
+  } else {
+    return dw.div * p.box_w.divisor + dw.mod;
   }
 }
 
 template <typename scalar_t, typename acc_t, typename IndexT, int Dims>
-__global__ void __launch_bounds__(kBwdThreads)
+__global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeof(IndexT) == 4))
     fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
   cuda::start_next_grid();  // fmp_stray_fixup_kernel may take free slots now
   extern __shared__ __align__(16) unsigned char fmp_smem[];
-  __shared__ FmpTile<IndexT> shared_tile;
-  acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);
-  uint32_t* const seen = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes);  // disjoint: 1 bit per element
+  acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);                  // per element (+ alignment slack)
+  acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);    // tile_masks: per box cell
+  uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: per box cell
+  uint32_t* const masks = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(acc_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
+  constexpr uint32_t kNoTarget = ~0u;  // targets[q]: (slot << 5) | (code - pass base), or none
   const auto& ax = p.axis;
+  const uint32_t field_mask = p.bits_log2 == 5 ? ~0u : (1u << (1 << p.bits_log2)) - 1;
+  auto field = [&](uint32_t slot) {
+    return (masks[(slot << p.bits_log2) >> 5] >> ((slot << p.bits_log2) & 31)) & field_mask;
+  };
+  auto zero = [&](unsigned char* from, int bytes) {
+    for (int i = threadIdx.x; i < bytes / 16; i += kBwdThreads) reinterpret_cast<uint4*>(from)[i] = make_uint4(0, 0, 0, 0);
+  };
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
-    if (threadIdx.x == 0) shared_tile = fmp_tile<scalar_t, IndexT>(p, dx, block);
-    for (int i = threadIdx.x; i < p.smem_vecs; i += kBwdThreads) cuda::store_vec<acc_t, kAccVec>(acc + i * kAccVec, {});
-    __syncthreads();  // tile known, accumulator zeroed
-    const FmpTile<IndexT> t = shared_tile;
-    scalar_t* const dxt = dx + t.plane * p.in_plane + t.g0;
+    const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
+    zero(fmp_smem, p.acc_bytes);
+    zero(reinterpret_cast<unsigned char*>(masks), p.mask_vecs * 16);
+    __syncthreads();  // accumulator and masks zeroed
+    scalar_t* const dxt = dx + int64_t(t.plane) * p.in_plane + t.g0;
     acc_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
-    const scalar_t* const dyp = dy + t.plane * p.out_plane;
-    const int64_t* const ip = idx + t.plane * p.out_plane;
+    const scalar_t* const dyp = dy + int64_t(t.plane) * p.out_plane;
+    const int64_t* const ip = idx + int64_t(t.plane) * p.out_plane;
     bool stray = false;
-    for (IndexT first = 0; first < t.ncells; first += kChunk) {
-      int64_t target[kCellsPerThread];
-      scalar_t grad[kCellsPerThread];
+    int any_stray = 0;
+    for (int pass = 0; pass < p.passes; ++pass) {
+      const IndexT code_base = IndexT(pass) * 32;
+      for (IndexT first = 0; first < t.ncells; first += kChunk) {
+        int64_t target[kCellsPerThread];
+        scalar_t grad[kCellsPerThread];
 #pragma unroll
-      for (int j = 0; j < kCellsPerThread; ++j) {  // coalesced loads of the chunk
-        const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
-        target[j] = -1;
-        grad[j] = scalar_t(0);
-        if (q < t.ncells) {
+        for (int j = 0; j < kCellsPerThread; ++j) {  // coalesced loads of the chunk
+          const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+          target[j] = -1;
+          grad[j] = scalar_t(0);
           IndexT cell[3];
-          fmp_box_cell<Dims>(t, q, cell);
-          const IndexT o = (cell[0] * ax[1].out + cell[1]) * ax[2].out + cell[2];
-          target[j] = ip[o];
-          grad[j] = dyp[o];
-        }
-      }
-      constexpr IndexT kNoRound = ~IndexT(0);
-      int slot[kCellsPerThread];
-      IndexT round[kCellsPerThread];
-#pragma unroll
-      for (int j = 0; j < kCellsPerThread; ++j) {
-        const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
-        round[j] = kNoRound;
-        slot[j] = 0;
-        if (q < t.ncells) {
-          IndexT cell[3];
-          fmp_box_cell<Dims>(t, q, cell);  // the cell again (cheaper than holding it)
-          const int64_t e = target[j];
-          bool regular = e >= 0 && e < p.in_plane;
-          if (regular && !(p.disjoint && p.tiles == 1)) {  // one tile: every cell of the plane is in the box
-            const auto we = p.in_w.divmod(static_cast<IndexT>(e));
-            IndexT x[3] = {0, we.div, we.mod};
-            if constexpr (Dims == 3) {
-              const auto he = p.in_h.divmod(we.div);
-              x[0] = he.div;
-              x[1] = he.mod;
-            }
-#pragma unroll
-            for (int a = 3 - Dims; a < 3; ++a) regular = regular && ax[a].reaches(cell[a], x[a]);
-          }
-          stray = stray || !regular;
-          const IndexT in_tile = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
-          if (regular && in_tile < IndexT(t.len)) {
-            slot[j] = static_cast<int>(in_tile);
-            round[j] = p.disjoint ? IndexT(0)
-                                  : (ax[0].R.mod(cell[0]) * ax[1].R.divisor + ax[1].R.mod(cell[1])) * ax[2].R.divisor +
-                                        ax[2].R.mod(cell[2]);
+          if (q < t.ncells && fmp_box_cell<Dims>(p, t, q, cell)) {
+            const IndexT o = (cell[0] * ax[1].out + cell[1]) * ax[2].out + cell[2];
+            target[j] = ip[o];
+            grad[j] = dyp[o];
           }
         }
-      }
-      for (IndexT r = 0; r < p.rounds; ++r) {
 #pragma unroll
         for (int j = 0; j < kCellsPerThread; ++j) {
-          if (round[j] != r) continue;
+          const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+          if (q >= t.ncells) continue;
+          IndexT cell[3];
+          if (!fmp_box_cell<Dims>(p, t, q, cell)) {  // the cell again (cheaper than holding it)
+            if (!p.disjoint) targets[q] = kNoTarget;  // a place past the tile's cells
+            continue;
+          }
+          const int64_t e = target[j];
+          bool regular = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
+          IndexT code = 0;
+          if (regular && !(p.disjoint && p.tiles.divisor == 1)) {  // one tile: every cell of the plane is in the box
+            IndexT x[3];
+            fmp_element<Dims>(p, static_cast<IndexT>(e), x);
+#pragma unroll
+            for (int a = 3 - Dims; a < 3; ++a) {
+              regular = regular && ax[a].reaches(cell[a], x[a]);
+              if (!p.disjoint) {
+                const IndexT d = cell[a] - ax[a].first(x[a]);  // wraps below first(x)
+                regular = regular && d < ax[a].S.divisor;
+                code = code * ax[a].S.divisor + d;
+              }
+            }
+          }
+          stray = stray || !regular;
+          const IndexT slot = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
+          const bool mine = regular && slot < IndexT(t.len);
+          uint32_t* const word = masks + ((uint32_t(slot) << p.bits_log2) >> 5);
+          const int at = (uint32_t(slot) << p.bits_log2) & 31;
           if (p.disjoint) {
-            const uint32_t bit = 1u << (slot[j] & 31);
-            if (atomicOr(&seen[slot[j] >> 5], bit) & bit) {
+            if (!mine) continue;
+            if (atomicOr(word, 1u << at) & (1u << at)) {
               stray = true;  // a second contribution: the plane takes the ordered scan
             } else {
-              acct[slot[j]] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0, as an add would give
+              acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0, as an add would give
             }
           } else {
-            acct[slot[j]] += static_cast<acc_t>(grad[j]);
+            const bool now = mine && code >= code_base && code - code_base < 32;
+            if (pass == 0) dys[q] = static_cast<acc_t>(grad[j]);
+            targets[q] = now ? (uint32_t(slot) << 5) | uint32_t(code - code_base) : kNoTarget;
+            if (now) atomicOr(word, 1u << (at + int(code - code_base)));
           }
         }
+      }
+      // Fields, staged cells and disjoint stores complete; also the barrier before
+      // the store when the block had no cells.
+      any_stray = __syncthreads_or(stray);
+      if (p.disjoint) break;
+      for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {  // the leaders add their element's cells
+        const uint32_t target_q = targets[q];
+        if (target_q == kNoTarget) continue;
+        const uint32_t slot = target_q >> 5, bit = target_q & 31;
+        uint32_t f = field(slot);
+        if (__ffs(f) - 1 != int(bit)) continue;  // not the element's leader
+        acc_t sum = acct[slot];
+        if (f == (1u << bit)) {
+          sum += dys[q];
+        } else {
+          const IndexT base = q - fmp_code_offset<Dims>(p, code_base + bit);  // the cell at offset 0
+          for (; f != 0; f &= f - 1) sum += dys[base + fmp_code_offset<Dims>(p, code_base + IndexT(__ffs(f) - 1))];
+        }
+        acct[slot] = sum;
+      }
+      __syncthreads();  // sums added; fields read
+      if (pass + 1 < p.passes) {
+        zero(reinterpret_cast<unsigned char*>(masks), p.mask_vecs * 16);
         __syncthreads();
       }
     }
-    // Also the barrier before the store (when the block had no cells).
-    const int any_stray = __syncthreads_or(stray);
     if (threadIdx.x == 0) strays[block] = any_stray ? 1 : 0;
 
     const int head = std::min(t.len, (kVec - t.shift) % kVec);
@@ -657,7 +756,7 @@ __global__ void __launch_bounds__(kBwdThreads)
     for (int i = head + nvec * kVec + threadIdx.x; i < t.len; i += kBwdThreads) {
       dxt[i] = static_cast<scalar_t>(acct[i]);
     }
-    __syncthreads();  // the accumulator and the tile are reused by the next block of the loop
+    __syncthreads();  // shared memory and the tile are reused by the next block of the loop
   }
 }
 
@@ -709,7 +808,6 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
                          const at::Tensor& idx, const at::Tensor& dx, const at::Tensor& workspace) {
   using acc_t = at::opmath_type<scalar_t>;
   FmpBwdParams<IndexT> p;
-  int64_t rounds = 1;
   for (int a = 0; a < 3; ++a) {
     auto& ax = p.axis[a];
     ax.in = static_cast<IndexT>(g.in[a]);
@@ -718,26 +816,31 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
     ax.A = static_cast<IndexT>(g.in[a] - g.k[a]);
     ax.f_base = g.out[a] == 1 ? ax.A : IndexT(0);
     ax.B = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(g.out[a] - 1, 1)));
-    ax.R = IntDivider<IndexT>(static_cast<IndexT>(c.rounds[a]));
-    ax.tile = c.tile[a];
-    ax.count = c.count[a];
-    rounds *= c.rounds[a];
+    ax.A_div = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(g.in[a] - g.k[a], 1)));
+    ax.S = IntDivider<IndexT>(static_cast<IndexT>(c.span[a]));
+    ax.tile = static_cast<IndexT>(c.tile[a]);
+    ax.count = IntDivider<IndexT>(static_cast<IndexT>(c.count[a]));
   }
   p.in_w = IntDivider<IndexT>(static_cast<IndexT>(g.in[2]));
   p.in_h = IntDivider<IndexT>(static_cast<IndexT>(g.in[1]));
   p.in_plane = g.in_plane();
   p.out_plane = g.out_plane();
-  p.tiles = c.tiles;
+  p.tiles = IntDivider<IndexT>(static_cast<IndexT>(c.tiles));
+  p.box_w = IntDivider<IndexT>(static_cast<IndexT>(c.box[2]));
+  p.box_h = IntDivider<IndexT>(static_cast<IndexT>(c.box[1]));
   p.blocks = g.planes() * c.tiles;
-  p.rounds = static_cast<IndexT>(rounds);
-  p.smem_vecs = static_cast<int>(c.smem_bytes / 16);
   p.acc_bytes = static_cast<int>(c.acc_bytes);
+  p.cell_bytes = static_cast<int>(c.cell_bytes);
+  p.box_cells = static_cast<int>(c.box_cells);
+  p.mask_vecs = static_cast<int>(c.mask_bytes / 16);
+  p.bits_log2 = __builtin_ctz(static_cast<unsigned>(c.bits));
+  p.passes = static_cast<int>(c.passes);
   p.disjoint = c.disjoint;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
   const int smem = static_cast<int>(c.smem_bytes);
-  const int64_t block_smem = smem + int64_t(sizeof(FmpTile<IndexT>));  // dynamic + the static tile
+  const int64_t block_smem = smem;
   TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                               fmp_op_name(g.dims, true), ": needs ", block_smem,
                               " bytes of shared memory per block, the device allows ",
