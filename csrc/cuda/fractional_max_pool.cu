@@ -439,7 +439,10 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // practice (measured: never outside [f - 1, f + 1]). The REACH of cell c is
 //   reach(c) = [f(c) - 1, f(c) + k]        (the window for any start in [f-1, f+1]).
 // A cell whose index lies in its reach along every axis is REGULAR, any other
-// cell (index from elsewhere, or outside the plane) is a STRAY.
+// cell (index from elsewhere, or outside the plane) is a STRAY. With one tile per
+// plane the reach only matters through the slot codes below: a cell is regular when
+// its index lies in the plane (and, for overlapping windows, its offsets from
+// first(x) are below S).
 //
 // Spans. The cells whose reach holds input position x are those with
 // f(c) in [x - k, x + 1]: the consecutive cells c in [x - k, x + 2) * B / A, at most
@@ -478,7 +481,8 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Only indices not made by the forward, or float rounding that moves a window start
 // onto its neighbour's last element, take that path. With one tile per plane every
 // cell of the plane is in the box, so only indices outside the plane count as strays
-// there (they add nothing, as in the scan) and the reach test is skipped.
+// there (they add nothing, as in the scan) and the reach test is skipped (for
+// overlapping windows too). The two window kinds are two instantiations (Disjoint).
 //
 // Strays. A regular cell is loaded by every tile its reach meets, so it is added
 // exactly once (by the tile holding its index). A stray can target any tile, so
@@ -531,7 +535,6 @@ struct FmpBwdParams {
   int mask_vecs;            // 16-byte vectors of mask fields
   int bits_log2;            // mask bits per element = 1 << bits_log2
   int passes;
-  bool disjoint;            // tile_stores instead of tile_masks
 };
 
 // A block's tile, which every thread of the block computes (fast divisions only).
@@ -616,7 +619,7 @@ __device__ __forceinline__ IndexT fmp_code_offset(const FmpBwdParams<IndexT>& p,
   }
 }
 
-template <typename scalar_t, typename acc_t, typename IndexT, int Dims>
+template <typename scalar_t, typename acc_t, typename IndexT, int Dims, bool Disjoint>
 __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeof(IndexT) == 4))
     fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
@@ -673,19 +676,22 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           if (q >= t.ncells) continue;
           IndexT cell[3];
           if (!fmp_box_cell<Dims>(p, t, q, cell)) {  // the cell again (cheaper than holding it)
-            if (!p.disjoint) targets[q] = kNoTarget;  // a place past the tile's cells
+            if (!Disjoint) targets[q] = kNoTarget;  // a place past the tile's cells
             continue;
           }
           const int64_t e = target[j];
           bool regular = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
           IndexT code = 0;
-          if (regular && !(p.disjoint && p.tiles.divisor == 1)) {  // one tile: every cell of the plane is in the box
+          // With one tile every cell of the plane is in the box: the reach test only
+          // makes sure that the tile holding the index loads the cell.
+          const bool reach_test = p.tiles.divisor != 1;
+          if (regular && (reach_test || !Disjoint)) {
             IndexT x[3];
             fmp_element<Dims>(p, static_cast<IndexT>(e), x);
 #pragma unroll
             for (int a = 3 - Dims; a < 3; ++a) {
-              regular = regular && ax[a].reaches(cell[a], x[a]);
-              if (!p.disjoint) {
+              if (reach_test) regular = regular && ax[a].reaches(cell[a], x[a]);
+              if (!Disjoint) {  // the slot code, a distinct one per cell that may target x
                 const IndexT d = cell[a] - ax[a].first(x[a]);  // wraps below first(x)
                 regular = regular && d < ax[a].S.divisor;
                 code = code * ax[a].S.divisor + d;
@@ -697,7 +703,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           const bool mine = regular && slot < IndexT(t.len);
           uint32_t* const word = masks + ((uint32_t(slot) << p.bits_log2) >> 5);
           const int at = (uint32_t(slot) << p.bits_log2) & 31;
-          if (p.disjoint) {
+          if constexpr (Disjoint) {
             if (!mine) continue;
             if (atomicOr(word, 1u << at) & (1u << at)) {
               stray = true;  // a second contribution: the plane takes the ordered scan
@@ -715,7 +721,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       // Fields, staged cells and disjoint stores complete; also the barrier before
       // the store when the block had no cells.
       any_stray = __syncthreads_or(stray);
-      if (p.disjoint) break;
+      if constexpr (Disjoint) break;
       for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {  // the leaders add their element's cells
         const uint32_t target_q = targets[q];
         if (target_q == kNoTarget) continue;
@@ -835,10 +841,10 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.mask_vecs = static_cast<int>(c.mask_bytes / 16);
   p.bits_log2 = __builtin_ctz(static_cast<unsigned>(c.bits));
   p.passes = static_cast<int>(c.passes);
-  p.disjoint = c.disjoint;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
-  auto kernel = fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims>;
+  auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
+                           : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
   const int smem = static_cast<int>(c.smem_bytes);
   const int64_t block_smem = smem;
   TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
