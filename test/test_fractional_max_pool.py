@@ -282,8 +282,9 @@ def test_backward_forward_indices_take_no_full_scan(device, dims):
 def test_backward_disjoint_windows_crowded_indices(device, dims):
     # Disjoint windows (k <= stride) take the one-store-per-element kernel on CUDA. Indices
     # that stay within reach of their cells but send 2, 3 or all 2^dims cells around the
-    # element at coordinates (1, ..., 1) to it: a second contribution sends the plane to
-    # the ordered full scan. Every plane equals the CPU kernel's result.
+    # element at coordinates (1, ..., 1) to it: a second contribution is added after the
+    # stores, a third sends the plane to the ordered full scan (its flag is set). Every
+    # plane equals the CPU kernel's result.
     shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
     x = random(shape, torch.float64, device)
     _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
@@ -303,6 +304,13 @@ def test_backward_disjoint_windows_crowded_indices(device, dims):
         desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.float64, device)
         plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
         assert plan.sku().variant == "tile_stores<i32>+stray_fixup"
+        flags = torch.full((plan.workspace_size(),), 255, dtype=torch.uint8, device=device)
+        dx2 = torch.empty_like(x)
+        _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx2, workspace=flags)
+        assert torch.equal(dx2, dx)
+        scanned = torch.zeros(shape[:2], dtype=torch.int32)  # one tile per plane
+        scanned[0, 1] = scanned[1, 1] = 1
+        assert torch.equal(flags.view(torch.int32).cpu(), scanned.flatten())
 
 
 @pytest.mark.parametrize("dims", [2, 3])

@@ -279,7 +279,7 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     shared-memory bitmap marking the elements already written. The workspace is one int32
     flag per tile (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index
     outside its cell's window (indices not made by the forward) or, in ``tile_stores``, a
-    second contribution to one element: such planes are recomputed by an ordered full scan.
+    third contribution to one element: such planes are recomputed by an ordered full scan.
     """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:

@@ -31,6 +31,7 @@ constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured s
 constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : dims == 2 ? 5 : 4; }
 constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
+constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
 
@@ -476,10 +477,12 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
 // the first cell to set it stores 0 + dy (0 + (-0) = +0, as an add would give) into
-// the accumulator, and a cell that finds it set flags the plane like a stray, so
-// that the ordered scan below recomputes the plane (whatever the racing stores left).
-// Only indices not made by the forward, or float rounding that moves a window start
-// onto its neighbour's last element, take that path. With one tile per plane every
+// the zeroed accumulator (stored to dx with 16-byte vectors last). A cell that finds
+// it set (float rounding can move a window start onto its neighbour's last element,
+// which is often the max of both windows) is kept in a short list and added after
+// the barrier: two contributions sum the same in either order. A third to one
+// element, or a full list, flags the plane like a stray, so that the ordered scan
+// below recomputes it (whatever the racing stores left). With one tile per plane every
 // cell of the plane is in the box, so only indices outside the plane count as strays
 // there (they add nothing, as in the scan) and the reach test is skipped (for
 // overlapping windows too). The two window kinds are two instantiations (Disjoint).
@@ -625,6 +628,9 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
   cuda::start_next_grid();  // fmp_stray_fixup_kernel may take free slots now
   extern __shared__ __align__(16) unsigned char fmp_smem[];
+  __shared__ int later_count;                      // tile_stores: contributions to elements already stored,
+  __shared__ uint32_t later_slot[kLaterCap];       // kept for after the barrier
+  __shared__ acc_t later_grad[kLaterCap];
   acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);                  // per element (+ alignment slack)
   acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);    // tile_masks: per box cell
   uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: per box cell
@@ -644,6 +650,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
+    if (threadIdx.x == 0) later_count = 0;
     zero(fmp_smem, p.acc_bytes);
     zero(reinterpret_cast<unsigned char*>(masks), p.mask_vecs * 16);
     __syncthreads();  // accumulator and masks zeroed
@@ -705,8 +712,12 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           const int at = (uint32_t(slot) << p.bits_log2) & 31;
           if constexpr (Disjoint) {
             if (!mine) continue;
-            if (atomicOr(word, 1u << at) & (1u << at)) {
-              stray = true;  // a second contribution: the plane takes the ordered scan
+            if (atomicOr(word, 1u << at) & (1u << at)) {  // a later contribution
+              const int n = atomicAdd(&later_count, 1);
+              if (n < kLaterCap) {
+                later_slot[n] = uint32_t(slot);
+                later_grad[n] = static_cast<acc_t>(grad[j]);
+              }
             } else {
               acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0, as an add would give
             }
@@ -721,7 +732,23 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       // Fields, staged cells and disjoint stores complete; also the barrier before
       // the store when the block had no cells.
       any_stray = __syncthreads_or(stray);
-      if constexpr (Disjoint) break;
+      if constexpr (Disjoint) {
+        // Later contributions: with two per element the sum does not depend on the
+        // order; an element with three, or more than kLaterCap of them, takes the scan.
+        const int later = later_count;
+        if (later > 0) {
+          if (threadIdx.x == 0) {
+            bool scan = later > kLaterCap;
+            for (int i = 0; i < later && !scan; ++i) {
+              for (int j = 0; j < i; ++j) scan = scan || later_slot[j] == later_slot[i];
+            }
+            any_stray = any_stray || scan;
+            for (int i = 0; i < later && !scan; ++i) acct[later_slot[i]] += later_grad[i];
+          }
+          __syncthreads();
+        }
+        break;
+      }
       for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {  // the leaders add their element's cells
         const uint32_t target_q = targets[q];
         if (target_q == kNoTarget) continue;
@@ -846,7 +873,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
                            : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
   const int smem = static_cast<int>(c.smem_bytes);
-  const int64_t block_smem = smem;
+  const int64_t block_smem = smem + 4 + kLaterCap * int64_t(4 + sizeof(acc_t));  // dynamic + static
   TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                               fmp_op_name(g.dims, true), ": needs ", block_smem,
                               " bytes of shared memory per block, the device allows ",
