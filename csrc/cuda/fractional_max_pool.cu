@@ -27,7 +27,8 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;            // forward and stray-fixup blocks
 constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured slower)
-// Backward: registers for this many blocks per SM (2d tiles' shared memory allows 5).
+// Backward: blocks per SM the registers must allow (__launch_bounds__); the 2d tiles of
+// the benchmarked shapes take 31-52 KB of shared memory, 4-7 blocks.
 constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : dims == 2 ? 5 : 4; }
 constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
@@ -456,8 +457,9 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Tiles. Block b owns tile (b mod tiles) of plane (b / tiles): an input box
 // [x0, x1) per axis that is one contiguous range [g0, g0 + len) of the plane
 // (choose_fmp_backward). It walks, in chunks of kBwdThreads * kCellsPerThread, the
-// box of cells whose reach meets the tile (fmp_reach_cells); each thread loads its
-// cells' dy and idx coalesced and flags strays.
+// box of cells whose reach meets the tile (fmp_reach_cells), each cell at its place in
+// a box of the widest extents over the tiles (fmp_tile); each thread loads its cells'
+// dy and idx coalesced and flags strays.
 //
 // Every block zeroes an acc_t accumulator for its tile in shared memory and ends by
 // rounding it to scalar_t once and storing it with 16-byte vectors.
