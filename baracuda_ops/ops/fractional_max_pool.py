@@ -274,12 +274,13 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     the element its index names, the bit of its place among the cells that can reach
     that element; then each element adds the gradients its bits name in increasing
     output-cell order, as the CPU kernel does (the results are bit-identical). More than
-    32 such places take P passes. ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size
-    <= stride on every axis): one pass in which each cell stores its gradient, a
-    shared-memory bitmap marking the elements already written. The workspace is one int32
-    flag per tile (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index
-    outside its cell's window (indices not made by the forward) or, in ``tile_stores``, a
-    third contribution to one element: such planes are recomputed by an ordered full scan.
+    32 such places take P passes. ``tile_stores<i32|i64>+stray_fixup`` when the windows
+    are disjoint (kernel size <= stride on every axis): each cell stores its gradient, a
+    shared-memory bitmap marking the elements already written; a second contribution to
+    an element is added after the stores. The workspace is one int32 flag per tile
+    (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index outside its
+    cell's window (indices not made by the forward) or, in ``tile_stores``, a third
+    contribution to one element: such planes are recomputed by an ordered full scan.
     """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:
@@ -356,10 +357,11 @@ def self_checks():
         return run
 
     # (shape, kernel, output): each CUDA backward variant: overlapping windows (2d: one
-    # pass of 16-bit masks; 3d: 80 rounds, three passes), a plane split in two tiles,
+    # pass of 16-bit masks; 3d: 80 slot codes, three passes), a plane split in two tiles,
     # disjoint windows
     backward_problems = {
-        2: [((2, 3, 23, 19), (3, 3), (12, 10)), ((1, 2, 150, 130), (4, 3), (60, 90)), ((2, 3, 24, 18), (2, 2), (12, 9))],
+        2: [((2, 3, 23, 19), (3, 3), (12, 10)), ((1, 2, 150, 130), (4, 3), (60, 90)),
+            ((2, 3, 24, 18), (2, 2), (12, 9))],
         3: [((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((2, 3, 8, 10, 12), (2, 2, 2), (4, 5, 6))],
     }
 
