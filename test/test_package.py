@@ -86,3 +86,20 @@ def test_benchmark_case_filter_on_cpu():
     assert names == {"rms_norm [8, 4096] bfloat16", "rms_norm_backward [8, 4096] bfloat16", "rms_norm [512, 1024] float32",
                      "rms_norm_backward [512, 1024] float32"}
     assert all(r.impl == "baracuda" for r in results)
+
+
+def test_benchmark_inputs_depend_on_the_case_alone():
+    # Each case's inputs are seeded from its name: the same in every run, whichever
+    # cases ran before (a data-dependent slow path shows up in every run or in none).
+    cases = [c for c in bench.families() if hasattr(c, "benchmarks")]
+    case = next(c for fam in cases for c in fam.benchmarks(torch.device("cpu"), False)
+                if c.name.startswith("fractional_max_pool2d_backward"))
+    first = bench._input_sets(case, torch.device("cpu"))
+    torch.randn(1000)  # another case's draws in between
+    again = bench._input_sets(case, torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(first[0], again[0]) if isinstance(a, torch.Tensor))
+    other = next(c for fam in cases for c in fam.benchmarks(torch.device("cpu"), False) if c.name != case.name)
+    bench.seed_inputs(other)
+    x = torch.randn(8)
+    bench.seed_inputs(case)
+    assert not torch.equal(x, torch.randn(8))
