@@ -23,6 +23,20 @@ def _torch(dims, x, k, out, s):
     return f(x, k, output_size=out, _random_samples=s, return_indices=True)
 
 
+def _backward_plan(dims, shape, k, out, dtype, device):
+    desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
+    return getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+
+
+def _backward_with_flags(dims, g, x, k, out, i):
+    """dx and the CUDA tiles' stray flags (int32, one per tile; poisoned first, so each must be written)."""
+    plan = _backward_plan(dims, tuple(x.shape), k, out, x.dtype, x.device)
+    flags = torch.full((plan.workspace_size(),), 255, dtype=torch.uint8, device=x.device)
+    dx = torch.empty_like(x)
+    _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx, workspace=flags)
+    return dx, flags.view(torch.int32)
+
+
 def _samples(x, dims):
     n = 1 if x.dim() == dims + 1 else x.shape[0]
     return torch.rand(n, x.shape[-dims - 1], dims, device=x.device).to(x.dtype)
@@ -222,8 +236,7 @@ def test_backward_tiled_planes_and_overlaps(device, dims, dtype):
         assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
         assert_close(dx, _scatter_reference(g, i, shape, dims), scale=2.0)
         if dtype == torch.float64:  # a plane split by the plan: more than one tile, one flag each
-            desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
-            ws = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc).workspace_size()
+            ws = _backward_plan(dims, shape, k, out, dtype, device).workspace_size()
             if device.type == "cuda":
                 assert ws > shape[0] * shape[1] * 4
 
@@ -248,8 +261,7 @@ def test_backward_sweep_and_mask_passes(device, dims, dtype):
         assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())), (shape, k, out)
     if device.type == "cuda":  # 64 slot codes (2d: 8 x 8) and 125 (3d: 5 x 5 x 5)
         shape, k, out = passes[0]
-        desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
-        plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+        plan = _backward_plan(dims, shape, k, out, dtype, device)
         assert plan.sku().variant == f"tile_masks<i32,32 bits,{2 if dims == 2 else 4} passes>+stray_fixup"
 
 
@@ -269,12 +281,8 @@ def test_backward_forward_indices_take_no_full_scan(device, dims):
             x = random(shape, dtype, device)
             _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
             g = random(i.shape, dtype, device)
-            desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, dtype, device)
-            plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
-            flags = torch.full((plan.workspace_size(),), 255, dtype=torch.uint8, device=device)
-            dx = torch.empty_like(x)
-            _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx, workspace=flags)
-            assert int(flags.view(torch.int32).count_nonzero()) == 0, (shape, k, out, dtype, plan.sku().variant)
+            dx, flags = _backward_with_flags(dims, g, x, k, out, i)
+            assert int(flags.count_nonzero()) == 0, (shape, k, out, dtype)
             assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
 
 
@@ -301,16 +309,13 @@ def test_backward_disjoint_windows_crowded_indices(device, dims):
     assert torch.equal(dx.cpu(), cpu)
     assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
     if device.type == "cuda":
-        desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.float64, device)
-        plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
+        plan = _backward_plan(dims, shape, k, out, torch.float64, device)
         assert plan.sku().variant == "tile_stores<i32>+stray_fixup"
-        flags = torch.full((plan.workspace_size(),), 255, dtype=torch.uint8, device=device)
-        dx2 = torch.empty_like(x)
-        _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx2, workspace=flags)
+        dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
         assert torch.equal(dx2, dx)
         scanned = torch.zeros(shape[:2], dtype=torch.int32)  # one tile per plane
         scanned[0, 1] = scanned[1, 1] = 1
-        assert torch.equal(flags.view(torch.int32).cpu(), scanned.flatten())
+        assert torch.equal(flags.cpu(), scanned.flatten())
 
 
 @pytest.mark.parametrize("dims", [2, 3])

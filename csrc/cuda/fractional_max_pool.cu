@@ -123,8 +123,9 @@ struct FmpBackwardChoice {
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
   FmpBackwardChoice c;
-  c.index32 = choose_fmp(g).index32;
-  c.disjoint = choose_fmp(g).disjoint;
+  const FmpChoice forward = choose_fmp(g);
+  c.index32 = forward.index32;
+  c.disjoint = forward.disjoint;
   const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
   const int64_t vec = 16 / static_cast<int64_t>(c10::elementSize(dtype));
   int64_t codes = 1;
