@@ -461,6 +461,8 @@ def test_cuda_variants_follow_row_length():
     assert variant(4096, torch.bfloat16, m=sms + 1) == "cta_row<128,16B>"
     assert variant(8192, torch.bfloat16, m=8) == "cta_row<512,16B,2 vectors/thread>"
     assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
+    assert variant(8192, torch.float32, m=8) == "cta_row<512,16B,4 vectors/thread>"  # float32: a few rows up to 4
+    assert variant(8192, torch.float32, m=sms + 1) == "cta_row<512,16B>"
     # The backward spreads a few rows only up to 8 elements per thread.
     assert variant(4096, torch.float32, backward=True, m=8) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
     if torch.cuda.get_device_capability()[0] >= 9:

@@ -7,9 +7,10 @@
 // V elements in registers, as raw 32-bit words (16-bit elements two to a register),
 // so x (and dy) are read from memory exactly once; the row's sum is a fixed-order
 // shuffle / block / cluster reduction. Vpt = kVpt = 4, except:
-//   - a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1 or 2
-//     (backward: at most 8 elements per thread), so at most 512 threads hold the
-//     row, with w loaded together with x and (backward) the dW sums in registers;
+//   - a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1 or 2,
+//     forward float32 up to kVpt (backward: at most 8 elements per thread), so at most 512
+//     threads hold the row, with w loaded together with x and (backward) the dW
+//     sums in registers;
 //   - the backward of a single row, or of a few rows of a CTA each, too long for
 //     that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
@@ -79,7 +80,8 @@ struct RmsChoice {
   int group = 1;         // threads per row inside a CTA
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
-  int vpt = kVpt;        // vectors per thread: kVpt; 1 or 2 for a few latency-bound rows; 2 * kVpt forward clusters
+  int vpt = kVpt;        // vectors per thread: kVpt; 1 or 2 for a few latency-bound rows (forward: up to kVpt); 2 * kVpt forward clusters
+  bool few_rows = false; // a few latency-bound rows, a CTA each: w loaded with x, never staged
   int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
@@ -141,13 +143,16 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     if (backward) c.ctas_per_sm = 2;
   }
   // A few rows, a CTA each, no more rows than SMs: latency-bound, so the row is
-  // spread over 1 or 2 vectors per thread, at most 512 threads (1024-thread CTAs
+  // spread over 1 or 2 vectors per thread (forward float32: up to kVpt; 16-bit
+  // and float64 elements spill there), at most 512 threads (1024-thread CTAs
   // measured slower). The kernels then load w together with x, keep dW sums in
   // registers and skip the layout's divisions. The backward only takes it with at
   // most kBwdFewRowsElems per thread (bf16 with 2 vectors, 16 elements, measured slower).
-  const int few_vpt = nv <= kBwdMaxThreads ? 1 : 2;
-  if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= 2 * kBwdMaxThreads && M <= cuda::num_sms() &&
-      (!backward || few_vpt * c.vec <= kBwdFewRowsElems)) {
+  const int few_max_vpt = !backward && elem == 4 ? kVpt : 2;
+  const int few_vpt = nv <= kBwdMaxThreads ? 1 : nv <= 2 * kBwdMaxThreads ? 2 : kVpt;
+  if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= few_max_vpt * kBwdMaxThreads &&
+      M <= cuda::num_sms() && (!backward || few_vpt * c.vec <= kBwdFewRowsElems)) {
+    c.few_rows = true;
     c.vpt = few_vpt;
     c.cluster = 1;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, c.vpt), 32) * 32);
@@ -207,7 +212,7 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
         vec + ">";
   } else {
-    const std::string spread = c.vpt == kVpt ? ""
+    const std::string spread = c.vpt == kVpt && !c.few_rows ? ""
                                : c.vpt == 1  ? ",1 vector/thread"
                                              : "," + std::to_string(c.vpt) + " vectors/thread";
     const std::string per_sm = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm" : "";
@@ -362,11 +367,11 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, bool stag
 // x is read once (kept in registers between the two steps); rstd written by u == 0.
 // stage_w: the thread's w vectors in shared memory (staged_weight).
 
-template <typename T, typename W, typename AccT, int V, int Vpt>
+template <typename T, typename W, typename AccT, int V, int Vpt, bool kFewRows = (Vpt < kVpt)>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                         AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps, bool stage_w) {
-  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
+  // kFewRows: one row per CTA, latency-bound (RmsChoice::few_rows)
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
   extern __shared__ __align__(16) unsigned char rms_smem[];
@@ -686,7 +691,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // few-rows, and as many CTAs (or clusters) resident with them as without.
 template <typename... Args>
 int64_t staged_weight_bytes(void (*kernel)(Args...), const RmsChoice& c, bool weighted, int64_t w_vec_bytes) {
-  if (!weighted || w_vec_bytes != 16 || c.looped || c.vpt < kVpt) return 0;
+  if (!weighted || w_vec_bytes != 16 || c.looped || c.few_rows || c.vpt < kVpt) return 0;
   const int64_t bytes = int64_t(c.block) * c.vpt * w_vec_bytes;
   if (c.smem + bytes > max_smem_optin()) return 0;
   return cuda::resident_groups(kernel, c.block, c.cluster, c.smem + bytes) ==
@@ -724,6 +729,20 @@ void with_vpt(const RmsChoice& c, Fn&& fn) {
   fn(std::integral_constant<int, kVpt>{});
 }
 
+// Calls fn(kernel) with the forward register kernel of the choice: its vectors per
+// thread, and the few-rows form where the choice says so (with kVpt vectors only
+// for float32 in 16-byte vectors, as choose_rms picks it).
+template <typename T, typename W, typename AccT, int V, typename Fn>
+void with_fwd_kernel(const RmsChoice& c, Fn&& fn) {
+  with_vpt<T, V, false>(c, [&](auto vpt_tag) {
+    constexpr int Vpt = decltype(vpt_tag)::value;
+    if constexpr (Vpt == kVpt && V * sizeof(T) == 16 && sizeof(T) == 4) {
+      if (c.few_rows) return fn(rms_norm_fwd_kernel<T, W, AccT, V, Vpt, true>);
+    }
+    fn(rms_norm_fwd_kernel<T, W, AccT, V, Vpt>);
+  });
+}
+
 // Calls fn(kernel) with the backward register kernel of the choice: its vectors per
 // thread, and the registers capped for two CTAs per SM where the choice says so.
 template <typename T, typename W, typename AccT, int V, typename Fn>
@@ -755,10 +774,8 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
             with_bwd_kernel<scalar_t, W, acc_t, V>(
                 c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
           } else {
-            with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
-              constexpr int Vpt = decltype(vpt_tag)::value;
-              n = cuda::resident_groups(rms_norm_fwd_kernel<scalar_t, W, acc_t, V, Vpt>, c.block, c.cluster, c.smem);
-            });
+            with_fwd_kernel<scalar_t, W, acc_t, V>(
+                c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
           }
         }
         resident = std::min(resident, n);
@@ -801,8 +818,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
                        {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp, rows.M, rows.N,
                        static_cast<acc_t>(e));
         } else {
-          with_vpt<scalar_t, V, false>(c, [&](auto vpt_tag) {
-            auto* kernel = rms_norm_fwd_kernel<scalar_t, W, acc_t, V, decltype(vpt_tag)::value>;
+          with_fwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto* kernel) {
             const int64_t staged = staged_weight_bytes(kernel, c, wp != nullptr, int64_t(sizeof(W)) * V);
             cuda::launch(kernel,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
