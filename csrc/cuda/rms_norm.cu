@@ -8,9 +8,9 @@
 // so x (and dy) are read from memory exactly once; the row's sum is a fixed-order
 // shuffle / block / cluster reduction. Vpt = kVpt = 4, except:
 //   - a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1 or 2,
-//     forward float32 up to kVpt (backward: at most 8 elements per thread), so at most 512
-//     threads hold the row, with w loaded together with x and (backward) the dW
-//     sums in registers;
+//     forward float32 up to kVpt (backward: at most 8 elements per thread), so at
+//     most 512 threads hold the row, with w loaded together with x and (backward)
+//     the dW sums in registers;
 //   - the backward of a single row, or of a few rows of a CTA each, too long for
 //     that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
@@ -80,7 +80,7 @@ struct RmsChoice {
   int group = 1;         // threads per row inside a CTA
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
-  int vpt = kVpt;        // vectors per thread: kVpt; 1 or 2 for a few latency-bound rows (forward: up to kVpt); 2 * kVpt forward clusters
+  int vpt = kVpt;        // vectors per thread: kVpt; 1, 2 (or kVpt) for a few rows; 2 * kVpt forward clusters
   bool few_rows = false; // a few latency-bound rows, a CTA each: w loaded with x, never staged
   int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
