@@ -85,29 +85,58 @@ def test_forward_bit_exact_sweep(device, dims, dtype):
 
 
 @pytest.mark.parametrize("dims, shape, k, out, variant", [
-    (2, (32, 64, 96, 96), (2, 2), (48, 48), "k=2,start table,4 cells/thread,block per segment"),
-    (2, (8, 64, 64, 64), (3, 3), (40, 40), "k=3,start table,2 cells/thread,resident blocks"),
-    (2, (16, 64, 96, 96), (3, 2), (47, 60), "any k,start table,1 cells/thread,resident blocks"),
-    (2, (2, 3, 4, 9000), (2, 2), (2, 4400), "k=2,inline starts,4 cells/thread,block per segment"),
-    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16), "k=2,start table,4 cells/thread,block per segment"),
-    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10), "k=3,start table,2 cells/thread,resident blocks"),
-    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20), "any k,start table,1 cells/thread,resident blocks"),
-    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500), "any k,inline starts,1 cells/thread,resident blocks"),
+    (2, (32, 64, 96, 96), (2, 2), (48, 48), "band_window_max<k=2,48 rows/band,4 cells/thread,192 threads>"),
+    (2, (8, 64, 64, 64), (3, 3), (40, 40), "band_window_max<k=3,40 rows/band,2 cells/thread,160 threads>"),
+    (2, (4, 8, 250, 250), (3, 3), (100, 100), "band_window_max<k=3,25 rows/band,2 cells/thread,256 threads>"),
+    (2, (16, 64, 96, 96), (3, 2), (47, 60), "window_max<i32,any k,start table,1 cells/thread,192 threads,resident blocks>"),
+    (2, (2, 3, 4, 9000), (2, 2), (2, 4400),
+     "window_max<i32,k=2,inline starts,4 cells/thread,224 threads,block per segment>"),
+    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16),
+     "window_max<i32,k=2,start table,4 cells/thread,256 threads,block per segment>"),
+    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10),
+     "window_max<i32,k=3,start table,2 cells/thread,160 threads,resident blocks>"),
+    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20),
+     "window_max<i32,any k,start table,1 cells/thread,224 threads,resident blocks>"),
+    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500),
+     "window_max<i32,any k,inline starts,1 cells/thread,256 threads,resident blocks>"),
 ])
 def test_forward_bit_exact_large_grid(device, dims, shape, k, out, variant):
-    # Every CUDA kernel variant; several segments per plane, planes per block, and
-    # segments that end past the plane.
+    # Every CUDA kernel variant (the variant named is the bfloat16 one; float32 runs
+    # too, with other bands); several segments per plane, planes per block, segments
+    # that end past the plane, planes split into segments of fewer than 256 threads
+    # with no idle slot, and bands of 2d planes staged in shared memory: a whole
+    # plane, or several bands whose rows (250 elements) start off 16-byte alignment.
     if device.type != "cuda":
         pytest.skip("coverage of the CUDA kernel variants; the CPU path is covered by the sweep")
     desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.bfloat16, device)
     plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dPlan").select(desc)
-    assert plan.sku().variant == f"window_max<i32,{variant}>"
+    assert plan.sku().variant == variant
     for dtype in (torch.bfloat16, torch.float32):
         x = random(shape, dtype, device)
         s = _samples(x, dims)
         y, i = _fw(dims)(x, list(k), list(out), s)
         ry, ri = _torch(dims, x, k, out, s)
         assert torch.equal(i, ri) and torch.equal(y, ry)
+
+
+def test_forward_band_rows_past_their_size(device):
+    # A band's input rows are staged in shared memory when they fit the rows the band
+    # was sized for, which holds for samples in [0, 1). A saturated H sample puts every
+    # start but the last at 0 and the last at in - k, so the plane's last band needs
+    # every input row and reads its windows from global memory instead; the result
+    # equals the CPU kernel's (the same clamped, saturating start formula in float32).
+    if device.type != "cuda":
+        pytest.skip("the CUDA band kernel's fallback")
+    shape, k, out = (2, 3, 250, 250), (3, 3), (100, 100)
+    desc = baracuda_ops.FractionalMaxPool2dDescriptor(shape, k, out, torch.float32, device)
+    assert "12 rows/band" in baracuda_ops.FractionalMaxPool2dPlan.select(desc).sku().variant
+    x = random(shape, torch.float32, device)
+    s = _samples(x, 2)
+    s[0, :, 1] = 3e9
+    y, i = _fw(2)(x, list(k), list(out), s)
+    ry, ri = _fw(2)(x.cpu(), list(k), list(out), s.cpu())
+    assert torch.equal(i.cpu(), ri) and torch.equal(y.cpu(), ry)
+    assert (ri[0, :, :-1] < 3 * 250).all() and (ri[0, :, -1] >= 247 * 250).all()  # the starts described above
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -460,8 +489,9 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     assert torch.equal(y, ry) and torch.equal(i, ri)
     sku = plan.sku()
     assert sku.op == f"fractional_max_pool{dims}d" and sku.index_dtype == torch.int64
-    # kernel sizes differ between axes: windows scanned in loops, one cell per thread
-    cuda_variant = "window_max<i32,any k,start table,1 cells/thread,resident blocks>"
+    # kernel sizes differ between axes: windows scanned in loops, one cell per thread;
+    # 56 (2d) or 60 (3d) cells, one segment of two warps
+    cuda_variant = "window_max<i32,any k,start table,1 cells/thread,64 threads,resident blocks>"
     assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else cuda_variant)
     assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == dtype
 

@@ -336,11 +336,12 @@ def self_checks():
     from ..bench import SelfCheck
 
     # (shape, kernel, output): each CUDA forward variant (kernel sizes that differ by axis,
-    # uniform 2 and 3; the last has more output rows + columns than a block has cells: no
-    # start table)
+    # uniform 2 and 3, 2d planes staged whole or in bands of rows; the last has more
+    # output rows + columns than a block has cells: no start table)
     forward_problems = {
         2: [((2, 3, 23, 19), (3, 2), (10, 12)), ((2, 3, 23, 19), (2, 2), (11, 9)),
-            ((2, 3, 23, 19), (3, 3), (10, 8)), ((1, 2, 3, 4200), (2, 2), (2, 4100))],
+            ((2, 3, 23, 19), (3, 3), (10, 8)), ((1, 2, 250, 250), (3, 3), (100, 100)),
+            ((1, 2, 3, 4200), (2, 2), (2, 4100))],
         3: [((2, 3, 9, 11, 10), (2, 3, 2), (5, 6, 7)), ((2, 3, 9, 11, 10), (2, 2, 2), (4, 5, 6)),
             ((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((1, 2, 3, 4, 4200), (1, 1, 2), (2, 3, 4100))],
     }

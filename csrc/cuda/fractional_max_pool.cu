@@ -35,6 +35,7 @@ constexpr int kCellsPerThread = 8;       // backward: output cells a thread hold
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
+constexpr int64_t kBandBytes = 32 * 1024;   // forward, 2d: most shared memory for a band's input rows
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -69,11 +70,60 @@ __host__ __device__ inline void fmp_reach_cells(int64_t in, int64_t out, int64_t
 struct FmpChoice {
   bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
   int k;         // forward: 2 or 3 when every pooled axis has that kernel size (windows unrolled); 0: loops
-  bool table;    // forward: window starts tabulated per plane in shared memory (at most one per cell of a segment)
+  bool table;    // forward: window starts tabulated per plane in shared memory (at most kThreads x cells of them)
   bool disjoint; // forward: windows never overlap (k <= alpha on every axis): one block per work item
+  int threads;   // forward: threads per block (whole warps, at most kThreads), fmp_segment_threads
+  // 2d with unrolled windows: bands of band_rows output rows whose input rows (at
+  // most band_in_rows) are staged in shared memory (fmp2d_forward_band_kernel);
+  // band_rows == 0: not staged (fmp_forward_kernel).
+  int64_t band_rows = 0, band_in_rows = 0, bands = 0;
 };
 
-FmpChoice choose_fmp(const FmpGeometry& g) {
+// Forward segments: `cells` output cells (a plane, or a band of one) are split into
+// segments of `threads` x `per_thread` slots, threads a multiple of 32 and at most
+// kThreads. Slots past the end load a window and store nothing, so of the first few
+// segment counts (at least 128 threads, unless the fewest segments need fewer) the
+// one with the fewest such slots wins (ties: fewer segments). A 40 x 40 plane with 2
+// cells per thread: 5 segments of 160 threads, none idle, where 4 of 256 threads
+// left 22% of the slots idle.
+int fmp_segment_threads(int64_t cells, int per_thread) {
+  int best = kThreads;
+  if (cells == 0) return best;  // nothing is launched
+  const int64_t fewest = ceil_div<int64_t>(cells, int64_t(kThreads) * per_thread);
+  int64_t best_idle = -1;
+  for (int64_t s = fewest; s < fewest + 8; ++s) {
+    const int64_t threads = ceil_div<int64_t>(ceil_div<int64_t>(cells, s * per_thread), 32) * 32;
+    if (threads < 128 && s > fewest) break;
+    const int64_t idle = s * threads * per_thread - cells;
+    if (best_idle < 0 || idle < best_idle) {
+      best = static_cast<int>(threads);
+      best_idle = idle;
+    }
+  }
+  return best;
+}
+
+// 2d bands: with samples in [0, 1) the starts of output rows o < o' differ by at most
+// floor((o' - o) * (in - k) / (out - 1)) + 1, so a band of R output rows reads at most
+// that for o' - o = R - 1, plus k, plus one row for float rounding: band_in_rows. The
+// band is the most rows whose input rows (and a 16-byte vector of alignment slack)
+// fit in kBandBytes, balanced over the plane's bands.
+void choose_fmp_bands(const FmpGeometry& g, int64_t elem_bytes, FmpChoice& c) {
+  const int64_t in = g.in[1], out = g.out[1], k = g.k[1], width = g.in[2];
+  auto in_rows = [&](int64_t rows) {
+    return out == 1 ? k : std::min<int64_t>(in, (rows - 1) * (in - k) / (out - 1) + k + 2);
+  };
+  auto bytes = [&](int64_t rows) { return (in_rows(rows) * width) * elem_bytes + 16; };
+  if (bytes(1) > kBandBytes) return;
+  int64_t rows = 1;
+  while (rows < out && bytes(rows + 1) <= kBandBytes) ++rows;
+  c.bands = ceil_div<int64_t>(out, rows);
+  c.band_rows = ceil_div<int64_t>(out, c.bands);
+  c.band_in_rows = in_rows(c.band_rows);
+  c.threads = fmp_segment_threads(c.band_rows * g.out[2], fmp_cells_per_thread(fmp_window(2, c.k)));
+}
+
+FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
   bool fits = g.planes() * g.in_plane() < kInt31 && g.planes() * g.out_plane() < kInt31;
   // Backward reach and cell-range math multiplies (x + k + 3) * out-sized values.
   for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + g.k[a] + 3) * (g.out[a] + 1) < kInt31;
@@ -89,8 +139,13 @@ FmpChoice choose_fmp(const FmpGeometry& g) {
   // A block computes its plane's whole start table: worth it while that is no more
   // starts than the cells of one work item (else each cell computes its own).
   const int64_t starts = (g.dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2];
-  const bool table = starts <= int64_t(kThreads) * fmp_cells_per_thread(fmp_window(g.dims, k));
-  return {fits, k, table, disjoint};
+  const int cells = fmp_cells_per_thread(fmp_window(g.dims, k));
+  const bool table = starts <= int64_t(kThreads) * cells;
+  FmpChoice c{fits, k, table, disjoint, fmp_segment_threads(g.out_plane(), cells)};
+  if (g.dims == 2 && k > 0 && table) {
+    choose_fmp_bands(g, static_cast<int64_t>(c10::elementSize(dtype)), c);
+  }
+  return c;
 }
 
 // Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
@@ -123,7 +178,7 @@ struct FmpBackwardChoice {
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
   FmpBackwardChoice c;
-  const FmpChoice forward = choose_fmp(g);
+  const FmpChoice forward = choose_fmp(g, dtype);
   c.index32 = forward.index32;
   c.disjoint = forward.disjoint;
   const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
@@ -176,9 +231,13 @@ int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpBackwardChoi
 
 std::string fmp_variant(const FmpChoice& c, int dims) {
   const std::string k = c.k == 0 ? "any k" : "k=" + std::to_string(c.k);
+  const std::string cells = std::to_string(fmp_cells_per_thread(fmp_window(dims, c.k))) + " cells/thread," +
+                            std::to_string(c.threads) + " threads";
+  if (c.band_rows > 0) {
+    return "band_window_max<" + k + "," + std::to_string(c.band_rows) + " rows/band," + cells + ">";
+  }
   return std::string("window_max<") + (c.index32 ? "i32" : "i64") + "," + k + "," +
-         (c.table ? "start table" : "inline starts") + "," +
-         std::to_string(fmp_cells_per_thread(fmp_window(dims, c.k))) + " cells/thread," +
+         (c.table ? "start table" : "inline starts") + "," + cells + "," +
          (c.disjoint ? "block per segment" : "resident blocks") + ">";
 }
 
@@ -196,23 +255,25 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 //   y   = first max over the window [start_a, start_a + k_a) of x[plane], in (t, h, w) order
 //         (val > best || isnan(val), from -inf),
 //   idx = (t * inH + h) * inW + w of that element (the window's first element if all are -inf).
-// Work items are (plane, segment) pairs, a segment being kThreads * kCells consecutive
-// cells of one plane. Each block walks a contiguous range of items: one item when the
-// windows are disjoint (every input element is loaded once: the kernel streams, and
-// many short blocks keep DRAM busiest), else as many as spread the items over
-// kForwardWaves waves of resident blocks (overlapping windows hit L1 for most loads;
-// the kernel is latency bound and a block's later items reuse its start table). Thread j takes cells j,
-// j + kThreads, ... of the segment, so loads and stores coalesce. With a start table the block computes its plane's window starts
-// (outT + outH + outW values) into shared memory when the plane changes, and a cell's
-// window origin costs one division by a constant (two in 3d) and two or three shared
-// loads; without one (huge axes) each cell evaluates the formula. With K > 0 (every
-// pooled axis has k = K) every window element of the thread's kCells cells is loaded
-// before the first compare, kCells * K^Dims loads in flight; cells past the plane's
-// end load the last cell's window and store nothing. K == 0: any k, one cell per
-// thread, scanned in loops. 64-bit indices are stored as PyTorch returns them.
-// (Tried and slower: runs of consecutive cells per thread, whose loads span 4x the
-// lines; one window visitor shared by the load and compare loops: see
-// docs/PERFORMANCE.md.)
+// Work items are (plane, segment) pairs, a segment being blockDim.x * kCells
+// consecutive cells of one plane (fmp_segment_threads). Each block walks a contiguous
+// range of items: one item when the windows are disjoint (every input element is
+// loaded once: the kernel streams, and many short blocks keep DRAM busiest), else as
+// many as spread the items over kForwardWaves waves of resident blocks (overlapping
+// windows hit L1 for most loads; the kernel is latency bound and a block's later
+// items reuse its start table). Thread j takes cells j, j + blockDim.x, ... of the
+// segment, so loads and stores coalesce. With a start table the block computes its
+// plane's window starts (outT + outH + outW values) into shared memory when the plane
+// changes, and a cell's window origin costs one division by a constant (two in 3d)
+// and two or three shared loads; without one (huge axes) each cell evaluates the
+// formula. With K > 0 (every pooled axis has k = K) every window element of the
+// thread's kCells cells is loaded before the first compare, kCells * K^Dims loads in
+// flight; cells past the plane's end load the last cell's window and store nothing.
+// K == 0: any k, one cell per thread, scanned in loops. 64-bit indices are stored as
+// PyTorch returns them. 2d problems with K > 0 take fmp2d_forward_band_kernel instead
+// where a band of rows fits in shared memory (choose_fmp_bands). (Tried and slower:
+// runs of consecutive cells per thread, whose loads span 4x the lines; one window
+// visitor shared by the load and compare loops: see docs/PERFORMANCE.md.)
 
 template <typename IndexT, typename acc_t>
 struct FmpForwardParams {
@@ -258,11 +319,59 @@ __device__ __forceinline__ IndexT fmp_window_origin(const FmpForwardParams<Index
   return (start[0] * p.in[1] + start[1]) * p.in[2] + start[2];
 }
 
+// The K^Dims window of each of kCells cells, read from src at offsets at[c] (the
+// window's first element; rows in_w apart, T-slices in_h * in_w apart), every load
+// issued before any value is used.
+template <int Dims, int K, int kCells, typename scalar_t, typename IndexT>
+__device__ __forceinline__ void fmp_load_windows(const scalar_t* src, const IndexT (&at)[kCells], IndexT in_h,
+                                                 IndexT in_w, scalar_t (&vals)[kCells][fmp_window(Dims, K)]) {
+  constexpr int KT = Dims == 3 ? K : 1;
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) {
+#pragma unroll
+    for (int dt = 0; dt < KT; ++dt) {
+#pragma unroll
+      for (int dh = 0; dh < K; ++dh) {
+#pragma unroll
+        for (int dw = 0; dw < K; ++dw) {
+          vals[c][(dt * K + dh) * K + dw] = src[at[c] + (IndexT(dt) * in_h + dh) * in_w + dw];
+        }
+      }
+    }
+  }
+}
+
+// y and idx of a cell from its loaded window: the first max in (t, h, w) order
+// (val > best || isnan(val), from -inf) and its plane index, counted from the
+// window's plane-relative origin.
+template <int Dims, int K, typename acc_t, typename scalar_t, typename IndexT>
+__device__ __forceinline__ void fmp_window_max(const scalar_t (&vals)[fmp_window(Dims, K)], IndexT origin,
+                                               IndexT in_h, IndexT in_w, scalar_t& y, int64_t& index) {
+  constexpr int KT = Dims == 3 ? K : 1;
+  acc_t best = -INFINITY;
+  IndexT best_index = origin;
+#pragma unroll
+  for (int dt = 0; dt < KT; ++dt) {
+#pragma unroll
+    for (int dh = 0; dh < K; ++dh) {
+#pragma unroll
+      for (int dw = 0; dw < K; ++dw) {
+        const acc_t v = static_cast<acc_t>(vals[(dt * K + dh) * K + dw]);
+        if (v > best || v != v) {
+          best = v;
+          best_index = origin + (IndexT(dt) * in_h + dh) * in_w + dw;
+        }
+      }
+    }
+  }
+  y = static_cast<scalar_t>(best);
+  index = static_cast<int64_t>(best_index);
+}
+
 template <typename scalar_t, typename acc_t, typename IndexT, int Dims, int K>
 __global__ void __launch_bounds__(kThreads)
     fmp_forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ samples,
                        scalar_t* __restrict__ y, int64_t* __restrict__ idx, FmpForwardParams<IndexT, acc_t> p) {
-  constexpr int KT = Dims == 3 ? K : 1;  // unrolled window extent along T (K > 0)
   constexpr int kWindow = fmp_window(Dims, K);
   constexpr int kCells = fmp_cells_per_thread(kWindow);
   extern __shared__ __align__(16) unsigned char fmp_smem[];
@@ -281,7 +390,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int a = 3 - Dims; a < 3; ++a) {
         const IndexT offset = a == 0 ? IndexT(0) : (a == 1 ? off_h : off_h + p.out[1]);
-        for (IndexT o = threadIdx.x; o < p.out[a]; o += kThreads) {
+        for (IndexT o = threadIdx.x; o < p.out[a]; o += blockDim.x) {
           table[offset + o] = fmp_axis_start<scalar_t, acc_t, IndexT>(p, u, a, o);
         }
       }
@@ -297,41 +406,14 @@ __global__ void __launch_bounds__(kThreads)
       scalar_t vals[kCells][kWindow];
 #pragma unroll
       for (int c = 0; c < kCells; ++c) {
-        const IndexT q = std::min<IndexT>(q0 + IndexT(c * kThreads), p.out_plane - 1);
+        const IndexT q = std::min<IndexT>(q0 + IndexT(c * blockDim.x), p.out_plane - 1);
         origin[c] = fmp_window_origin<Dims, scalar_t, acc_t, IndexT>(p, table, u, q);
-#pragma unroll
-        for (int dt = 0; dt < KT; ++dt) {
-#pragma unroll
-          for (int dh = 0; dh < K; ++dh) {
-#pragma unroll
-            for (int dw = 0; dw < K; ++dw) {
-              vals[c][(dt * K + dh) * K + dw] = xp[origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw];
-            }
-          }
-        }
       }
+      fmp_load_windows<Dims, K, kCells>(xp, origin, p.in[1], p.in[2], vals);
 #pragma unroll
       for (int c = 0; c < kCells; ++c) {
-        const IndexT q = q0 + IndexT(c * kThreads);
-        if (q >= p.out_plane) continue;
-        acc_t best = -INFINITY;
-        IndexT best_index = origin[c];
-#pragma unroll
-        for (int dt = 0; dt < KT; ++dt) {
-#pragma unroll
-          for (int dh = 0; dh < K; ++dh) {
-#pragma unroll
-            for (int dw = 0; dw < K; ++dw) {
-              const acc_t v = static_cast<acc_t>(vals[c][(dt * K + dh) * K + dw]);
-              if (v > best || v != v) {
-                best = v;
-                best_index = origin[c] + (IndexT(dt) * p.in[1] + dh) * p.in[2] + dw;
-              }
-            }
-          }
-        }
-        yp[q] = static_cast<scalar_t>(best);
-        ip[q] = static_cast<int64_t>(best_index);
+        const IndexT q = q0 + IndexT(c * blockDim.x);
+        if (q < p.out_plane) fmp_window_max<Dims, K, acc_t>(vals[c], origin[c], p.in[1], p.in[2], yp[q], ip[q]);
       }
     } else if (q0 < p.out_plane) {
       const IndexT origin = fmp_window_origin<Dims, scalar_t, acc_t, IndexT>(p, table, u, q0);
@@ -359,6 +441,108 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Copies src[0, len) to dst[shift, shift + len) with 16-byte vectors (src + i and
+// dst + shift + i are 16-byte aligned together: shift is src's offset from 16-byte
+// alignment, in elements), each thread's vectors loaded before any is stored; the
+// elements before and after the vectors one at a time.
+template <typename scalar_t, typename IndexT>
+__device__ __forceinline__ void fmp_stage_range(const scalar_t* __restrict__ src, IndexT len, int shift,
+                                                scalar_t* dst) {
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  constexpr int kInFlight = 4;
+  const IndexT head = std::min<IndexT>(len, IndexT((kVec - shift) % kVec));
+  const IndexT nvec = (len - head) / kVec;
+  for (IndexT i = threadIdx.x; i < head; i += blockDim.x) dst[shift + i] = src[i];
+  for (IndexT first = threadIdx.x; first < nvec; first += kInFlight * blockDim.x) {
+    cuda::Vec<scalar_t, kVec> v[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const IndexT q = first + IndexT(j) * blockDim.x;
+      if (q < nvec) v[j] = cuda::load_vec<scalar_t, kVec>(src + head + q * kVec);
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const IndexT q = first + IndexT(j) * blockDim.x;
+      if (q < nvec) cuda::store_vec<scalar_t, kVec>(dst + shift + head + q * kVec, v[j]);
+    }
+  }
+  for (IndexT i = head + nvec * kVec + threadIdx.x; i < len; i += blockDim.x) dst[shift + i] = src[i];
+}
+
+// Forward, 2d, input rows staged in shared memory (choose_fmp_bands). Block b takes
+// band (b mod bands) of plane (b / bands): output rows [o0, o0 + rows), whose windows
+// cover the input rows [r0, r1) = [start_h(o0), start_h(o0 + rows - 1) + k_h) (starts
+// never decrease along an axis), one contiguous range of the plane. The block tabulates
+// the band's H starts and the plane's W starts, and when [r0, r1) fits the
+// band_in_rows it was sized for (always, for samples in [0, 1)) copies those rows into
+// shared memory and reads its windows there (else from global memory). Then as in
+// fmp_forward_kernel: thread j takes cells j, j + blockDim.x, ... of each segment of
+// blockDim.x * kCells cells of the band, every window load before the first compare.
+template <typename scalar_t, typename acc_t, int K>
+__global__ void __launch_bounds__(kThreads)
+    fmp2d_forward_band_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ samples,
+                              scalar_t* __restrict__ y, int64_t* __restrict__ idx,
+                              FmpForwardParams<uint32_t, acc_t> p, uint32_t band_rows, uint32_t band_in_rows,
+                              IntDivider<uint32_t> bands) {
+  using IndexT = uint32_t;
+  constexpr int kWindow = fmp_window(2, K);
+  constexpr int kCells = fmp_cells_per_thread(kWindow);
+  constexpr int kVec = 16 / sizeof(scalar_t);
+  extern __shared__ __align__(16) unsigned char fmp_smem[];
+  IndexT* const start_h = reinterpret_cast<IndexT*>(fmp_smem);  // the band's rows
+  IndexT* const start_w = start_h + band_rows;
+  const IndexT table_bytes = ceil_div<IndexT>((band_rows + p.out[2]) * sizeof(IndexT), 16) * 16;
+  scalar_t* const staged = reinterpret_cast<scalar_t*>(fmp_smem + table_bytes);
+
+  const auto pb = bands.divmod(blockIdx.x);
+  const IndexT plane = pb.div, o0 = pb.mod * band_rows;
+  const IndexT rows = std::min(band_rows, p.out[1] - o0);
+  const scalar_t* const u = samples + int64_t(plane) * 2;
+  for (IndexT o = threadIdx.x; o < rows; o += blockDim.x) {
+    start_h[o] = fmp_axis_start<scalar_t, acc_t, IndexT>(p, u, 1, o0 + o);
+  }
+  for (IndexT o = threadIdx.x; o < p.out[2]; o += blockDim.x) {
+    start_w[o] = fmp_axis_start<scalar_t, acc_t, IndexT>(p, u, 2, o);
+  }
+  __syncthreads();
+  const scalar_t* const xp = x + int64_t(plane) * p.in_plane;
+  const IndexT r0 = start_h[0], r1 = std::min(p.in[1], start_h[rows - 1] + p.k[1]);
+  const IndexT g0 = r0 * p.in[2];
+  const int shift = static_cast<int>((reinterpret_cast<uintptr_t>(xp + g0) / sizeof(scalar_t)) % kVec);
+  const bool stage = r1 - r0 <= band_in_rows;
+  if (stage) fmp_stage_range<scalar_t, IndexT>(xp + g0, (r1 - r0) * p.in[2], shift, staged);
+  __syncthreads();
+
+  const IndexT n = rows * p.out[2];
+  scalar_t* const yp = y + int64_t(plane) * p.out_plane + o0 * p.out[2];
+  int64_t* const ip = idx + int64_t(plane) * p.out_plane + o0 * p.out[2];
+  // Window origin o (plane-relative) is read at src[o - sub].
+  auto band_cells = [&](const scalar_t* src, IndexT sub) {
+    for (IndexT first = 0; first < n; first += IndexT(blockDim.x) * kCells) {
+      const IndexT q0 = first + threadIdx.x;
+      IndexT origin[kCells], at[kCells];
+      scalar_t vals[kCells][kWindow];
+#pragma unroll
+      for (int c = 0; c < kCells; ++c) {
+        const auto hw = p.out_w.divmod(std::min<IndexT>(q0 + IndexT(c * blockDim.x), n - 1));
+        origin[c] = start_h[hw.div] * p.in[2] + start_w[hw.mod];
+        at[c] = origin[c] - sub;
+      }
+      fmp_load_windows<2, K, kCells>(src, at, p.in[1], p.in[2], vals);
+#pragma unroll
+      for (int c = 0; c < kCells; ++c) {
+        const IndexT q = q0 + IndexT(c * blockDim.x);
+        if (q < n) fmp_window_max<2, K, acc_t>(vals[c], origin[c], p.in[1], p.in[2], yp[q], ip[q]);
+      }
+    }
+  };
+  if (stage) {
+    band_cells(staged, g0 - IndexT(shift));
+  } else {
+    band_cells(xp, 0);
+  }
+}
+
 template <typename scalar_t, typename IndexT, int Dims, int K>
 void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
                         const at::Tensor& output, const at::Tensor& indices) {
@@ -376,17 +560,31 @@ void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tens
   p.out_h = IntDivider<IndexT>(static_cast<IndexT>(g.out[1]));
   p.in_plane = static_cast<IndexT>(g.in_plane());
   p.out_plane = static_cast<IndexT>(g.out_plane());
-  p.segment_cells = static_cast<IndexT>(kThreads * fmp_cells_per_thread(fmp_window(Dims, K)));
+  p.segment_cells = static_cast<IndexT>(c.threads * fmp_cells_per_thread(fmp_window(Dims, K)));
   p.segments = ceil_div<IndexT>(p.out_plane, p.segment_cells);
   p.items = g.planes() * int64_t(p.segments);
   p.table = c.table;
+  if constexpr (Dims == 2 && K > 0 && std::is_same_v<IndexT, uint32_t>) {
+    if (c.band_rows > 0) {
+      const int64_t smem = ceil_div<int64_t>((c.band_rows + g.out[2]) * int64_t(sizeof(uint32_t)), 16) * 16 +
+                           c.band_in_rows * g.in[2] * int64_t(sizeof(scalar_t)) + 16;
+      auto kernel = fmp2d_forward_band_kernel<scalar_t, acc_t, K>;
+      cuda::allow_dynamic_smem(kernel, smem);
+      kernel<<<g.planes() * c.bands, c.threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+          x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
+          indices.mutable_data_ptr<int64_t>(), p, static_cast<uint32_t>(c.band_rows),
+          static_cast<uint32_t>(c.band_in_rows), IntDivider<uint32_t>(static_cast<uint32_t>(c.bands)));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  }
   const int64_t smem = c.table ? ((Dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2]) * int64_t(sizeof(IndexT)) : 0;
   auto kernel = fmp_forward_kernel<scalar_t, acc_t, IndexT, Dims, K>;
   const int64_t wanted =
-      c.disjoint ? p.items : std::min(p.items, kForwardWaves * cuda::resident_groups(kernel, kThreads, 1, smem));
+      c.disjoint ? p.items : std::min(p.items, kForwardWaves * cuda::resident_groups(kernel, c.threads, 1, smem));
   p.items_per_block = ceil_div<int64_t>(p.items, std::min<int64_t>(wanted, std::numeric_limits<int32_t>::max()));
   const int64_t blocks = ceil_div<int64_t>(p.items, p.items_per_block);
-  kernel<<<blocks, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<blocks, c.threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
       indices.mutable_data_ptr<int64_t>(), p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -414,7 +612,7 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
   check_fmp_forward_outs(Dims, self, output_size, output, indices);
   if (output.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
-  const auto c = choose_fmp(g);
+  const auto c = choose_fmp(g, self.scalar_type());
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cuda",
@@ -932,9 +1130,9 @@ at::Tensor fmp_backward_cuda(const at::Tensor& grad_output, const at::Tensor& se
 }
 
 // problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
-KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType) {
+KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   const auto g = fmp_geometry_of_problem("baracuda::fractional_max_pool", problem);
-  return {fmp_variant(choose_fmp(g), g.dims), 0};
+  return {fmp_variant(choose_fmp(g, dtype), g.dims), 0};
 }
 
 KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
