@@ -212,10 +212,12 @@ def test_backward_float64_bit_equal_to_pytorch(device, dims):
     assert torch.equal(dx, rdx)
 
 
+@pytest.mark.parametrize("k", [2, 3])
 @pytest.mark.parametrize("dims", [2, 3])
-def test_backward_of_arbitrary_indices(device, dims):
+def test_backward_of_arbitrary_indices(device, dims, k):
     # Indices not made by the forward (anywhere in the plane, with repeats): on CUDA
-    # they fall outside their windows (strays) and take the full-scan path.
+    # they fall outside their windows (strays) and take the full-scan path. Windows
+    # disjoint (k = 2) and overlapping (k = 3).
     shape, out = ((2, 3, 12, 10), (5, 4)) if dims == 2 else ((2, 2, 5, 6, 4), (2, 3, 2))
     plane = 1
     for s in shape[-dims:]:
@@ -224,7 +226,7 @@ def test_backward_of_arbitrary_indices(device, dims):
     indices = torch.randint(0, plane, shape[:2] + out, device=device)
     indices[0, 0].view(-1)[:3] = 5
     g = random(indices.shape, torch.float64, device)
-    dx = _bw(dims)(g, x, [2] * dims, list(out), indices)
+    dx = _bw(dims)(g, x, [k] * dims, list(out), indices)
     assert_close(dx, _scatter_reference(g, indices, shape, dims))
 
 
