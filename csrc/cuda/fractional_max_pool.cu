@@ -153,12 +153,13 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // outermost axes are split, so a tile is always one contiguous range of the plane.
 // Span per axis (the most cells that can target one position): S = ceil((k + 2) *
 // (out - 1) / (in - k)), at most out (1 when out == 1; 1 for disjoint windows, whose
-// cells store once per element instead). Shared memory of a block: an acc_t per
-// tile element (and one vector of slack to align it with dx), a mask field of `bits`
-// bits per tile element, and with overlapping windows the dy (acc_t) and target
-// (uint32) of each cell of the box. Tiles start at kTileBytes / sizeof(acc_t)
-// elements and halve until the block fits in kMaxBwdSmem (a plane of 112 x 112
-// float32 with 3 x 3 windows takes two tiles: four blocks per SM, not two).
+// cells store once per element instead). Shared memory of a block: an accumulator
+// per tile element (acc_t; scalar_t for disjoint windows, see tile_stores) and one
+// vector of slack to align it with dx, a mask field of `bits` bits per tile element,
+// and with overlapping windows the dy (acc_t) and target (uint32) of each cell of the
+// box. Tiles start at kTileBytes / (accumulator size) elements and halve until the
+// block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3 windows takes
+// two tiles: four blocks per SM, not two).
 struct FmpBackwardChoice {
   bool index32 = true;
   int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
@@ -182,7 +183,9 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   c.index32 = forward.index32;
   c.disjoint = forward.disjoint;
   const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
-  const int64_t vec = 16 / static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t elem_size = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t vec = 16 / elem_size;
+  const int64_t store_size = c.disjoint ? elem_size : acc_size;  // the tile's accumulator elements
   int64_t codes = 1;
   for (int a = 0; a < 3; ++a) {
     const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
@@ -192,7 +195,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   c.passes = ceil_div<int64_t>(codes, 32);
   c.bits = 1;
   while (c.bits < std::min<int64_t>(codes, 32)) c.bits *= 2;
-  for (int64_t budget = kTileBytes / acc_size;; budget = std::max<int64_t>(1, budget / 2)) {
+  for (int64_t budget = kTileBytes / store_size;; budget = std::max<int64_t>(1, budget / 2)) {
     // Largest extent per axis, innermost axes whole first.
     int64_t inner = 1;
     for (int a = 2; a >= 0; --a) {
@@ -215,7 +218,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
       c.box_cells *= c.box[a];
     }
     const int64_t elems = c.tile[0] * c.tile[1] * c.tile[2];
-    c.acc_bytes = ceil_div<int64_t>((elems + vec) * acc_size, 16) * 16;
+    c.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
     c.cell_bytes = c.disjoint ? 0 : ceil_div<int64_t>(c.box_cells * (acc_size + 4), 16) * 16;
     c.mask_bytes = ceil_div<int64_t>(elems * c.bits, 128) * 16;
     c.smem_bytes = c.acc_bytes + c.cell_bytes + c.mask_bytes;
@@ -660,8 +663,8 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // a box of the widest extents over the tiles (fmp_tile); each thread loads its cells'
 // dy and idx coalesced and flags strays.
 //
-// Every block zeroes an acc_t accumulator for its tile in shared memory and ends by
-// rounding it to scalar_t once and storing it with 16-byte vectors.
+// Every block zeroes an accumulator for its tile in shared memory and ends by storing
+// it to dx as scalar_t with 16-byte vectors (acc_t sums rounded once).
 //
 // Overlapping windows (tile_masks). Each element of the tile has a field of `bits`
 // (>= S_T * S_H * S_W, a power of 2, <= 32) bits in shared memory. A regular cell
@@ -678,10 +681,13 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
 // the first cell to set it stores 0 + dy (0 + (-0) = +0, as an add would give) into
-// the zeroed accumulator (stored to dx with 16-byte vectors last). A cell that finds
-// it set (float rounding can move a window start onto its neighbour's last element,
-// which is often the max of both windows) is kept in a short list and added after
-// the barrier: two contributions sum the same in either order. A third to one
+// the zeroed accumulator (stored to dx with 16-byte vectors last). That accumulator
+// holds scalar_t (0 + dy in acc_t rounds back to dy exactly), so 16-bit tiles hold
+// twice the elements (3d bfloat16: 8 T-slices, not 4, and fewer cells loaded twice).
+// A cell that finds it set (float rounding can move a window start onto its
+// neighbour's last element, which is often the max of both windows) is kept in a
+// short list and added after the barrier, in acc_t and rounded once as the CPU kernel
+// does: two contributions sum the same in either order. A third to one
 // element, or a full list, flags the plane like a stray, so that the ordered scan
 // below recomputes it (whatever the racing stores left). With one tile per plane every
 // cell of the plane is in the box, so only indices outside the plane count as strays
@@ -832,12 +838,13 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   __shared__ int later_count;                      // tile_stores: contributions to elements already stored,
   __shared__ uint32_t later_slot[kLaterCap];       // kept for after the barrier
   __shared__ acc_t later_grad[kLaterCap];
-  acc_t* const acc = reinterpret_cast<acc_t*>(fmp_smem);                  // per element (+ alignment slack)
+  using store_t = std::conditional_t<Disjoint, scalar_t, acc_t>;  // the accumulator's elements
+  store_t* const acc = reinterpret_cast<store_t*>(fmp_smem);        // per element (+ alignment slack)
   acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);    // tile_masks: per box cell
   uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: per box cell
   uint32_t* const masks = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
   constexpr int kVec = 16 / sizeof(scalar_t);
-  constexpr int kAccVec = 16 / sizeof(acc_t);
+  constexpr int kAccVec = 16 / sizeof(store_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
   constexpr uint32_t kNoTarget = ~0u;  // targets[q]: (slot << 5) | (code - pass base), or none
   const auto& ax = p.axis;
@@ -856,7 +863,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
     zero(reinterpret_cast<unsigned char*>(masks), p.mask_vecs * 16);
     __syncthreads();  // accumulator and masks zeroed
     scalar_t* const dxt = dx + int64_t(t.plane) * p.in_plane + t.g0;
-    acc_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
+    store_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
     const scalar_t* const dyp = dy + int64_t(t.plane) * p.out_plane;
     const int64_t* const ip = idx + int64_t(t.plane) * p.out_plane;
     bool stray = false;
@@ -920,7 +927,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
                 later_grad[n] = static_cast<acc_t>(grad[j]);
               }
             } else {
-              acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0, as an add would give
+              acct[slot] = static_cast<store_t>(acc_t(0) + static_cast<acc_t>(grad[j]));  // 0 + (-0) = +0
             }
           } else {
             const bool now = mine && code >= code_base && code - code_base < 32;
@@ -944,7 +951,9 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
               for (int j = 0; j < i; ++j) scan = scan || later_slot[j] == later_slot[i];
             }
             any_stray = any_stray || scan;
-            for (int i = 0; i < later && !scan; ++i) acct[later_slot[i]] += later_grad[i];
+            for (int i = 0; i < later && !scan; ++i) {
+              acct[later_slot[i]] = static_cast<store_t>(static_cast<acc_t>(acct[later_slot[i]]) + later_grad[i]);
+            }
           }
           __syncthreads();
         }
@@ -981,7 +990,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       cuda::Vec<scalar_t, kVec> out;
 #pragma unroll
       for (int s = 0; s < kVec; s += kAccVec) {
-        const auto a = cuda::load_vec<acc_t, kAccVec>(acct + i + s);
+        const auto a = cuda::load_vec<store_t, kAccVec>(acct + i + s);
 #pragma unroll
         for (int u = 0; u < kAccVec; ++u) out.v[s + u] = static_cast<scalar_t>(a.v[u]);
       }
