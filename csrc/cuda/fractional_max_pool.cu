@@ -324,7 +324,10 @@ __device__ __forceinline__ IndexT fmp_window_origin(const FmpForwardParams<Index
 
 // The K^Dims window of each of kCells cells, read from src at offsets at[c] (the
 // window's first element; rows in_w apart, T-slices in_h * in_w apart), every load
-// issued before any value is used.
+// issued before any value is used. The (t, h, w) loops are spelled out here and in
+// fmp_window_max: a shared visitor was slower (docs/PERFORMANCE.md), and one flat
+// loop with the offsets derived from its index took up to 128 registers where these
+// take 78 (3d, k = 3, float32).
 template <int Dims, int K, int kCells, typename scalar_t, typename IndexT>
 __device__ __forceinline__ void fmp_load_windows(const scalar_t* src, const IndexT (&at)[kCells], IndexT in_h,
                                                  IndexT in_w, scalar_t (&vals)[kCells][fmp_window(Dims, K)]) {
