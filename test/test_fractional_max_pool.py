@@ -317,15 +317,17 @@ def test_backward_forward_indices_take_no_full_scan(device, dims):
             assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("dims", [2, 3])
-def test_backward_disjoint_windows_crowded_indices(device, dims):
-    # Disjoint windows (k <= stride) take the one-store-per-element kernel on CUDA. Indices
+def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
+    # Disjoint windows (k <= stride) take the one-store-per-element kernel on CUDA (its
+    # tile holds float64 sums, or bfloat16 values added in float32 and rounded once). Indices
     # that stay within reach of their cells but send 2, 3 or all 2^dims cells around the
     # element at coordinates (1, ..., 1) to it: a second contribution is added after the
     # stores, a third sends the plane to the ordered full scan (its flag is set). Every
     # plane equals the CPU kernel's result.
     shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
-    x = random(shape, torch.float64, device)
+    x = random(shape, dtype, device)
     _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
     i = i.clone()
     spatial = shape[-dims:]
@@ -334,13 +336,13 @@ def test_backward_disjoint_windows_crowded_indices(device, dims):
     for plane, crowd in (((0, 0), 2), ((0, 1), 3), ((1, 1), 2 ** dims)):
         for cell in corner[:crowd]:
             i[plane][cell] = target
-    g = random(i.shape, torch.float64, device)
+    g = random(i.shape, dtype, device)
     dx = _bw(dims)(g, x, list(k), list(out), i)
     cpu = _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())
     assert torch.equal(dx.cpu(), cpu)
     assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
     if device.type == "cuda":
-        plan = _backward_plan(dims, shape, k, out, torch.float64, device)
+        plan = _backward_plan(dims, shape, k, out, dtype, device)
         assert plan.sku().variant == "tile_stores<i32>+stray_fixup"
         dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
         assert torch.equal(dx2, dx)
