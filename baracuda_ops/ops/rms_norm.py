@@ -30,6 +30,7 @@ group covers every row (e.g. decode), where the kernel writes dW directly.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -330,11 +331,14 @@ def self_checks():
 
     tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
+    def weight_dtypes(dtype):  # a float32 weight with a half input: 32-byte weight vectors, partly staged
+        return (dtype, torch.float32) if dtype in (torch.float16, torch.bfloat16) else (dtype,)
+
     def forward(dtype):
         def run(device):
-            for n in (7, 1024, 3000, 4096, 65536):
+            for n, wdt in itertools.product((7, 1024, 3000, 4096, 65536), weight_dtypes(dtype)):
                 x = torch.randn(6, n, device=device, dtype=dtype)
-                w = torch.randn(n, device=device, dtype=dtype)
+                w = torch.randn(n, device=device, dtype=wdt)
                 y = rms_norm(x, (n,), w)
                 assert y.dtype == torch.nn.functional.rms_norm(x, (n,), w).dtype
                 torch.testing.assert_close(y.double(), _reference(x, (n,), w, None), rtol=tol[dtype], atol=tol[dtype])
@@ -345,10 +349,11 @@ def self_checks():
         def run(device):
             # A few rows (latency-bound launches), then more rows than SMs: short rows
             # sharing a CTA, a row per CTA, a row per cluster (CUDA: weight staged in
-            # shared memory where its vectors are 16 bytes).
-            for m, n in ((6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40), (200, 4096), (150, 32768)):
+            # shared memory, wholly or partly).
+            shapes = ((6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40), (200, 4096), (150, 32768))
+            for (m, n), wdt in itertools.product(shapes, weight_dtypes(dtype)):
                 x = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True)
-                w = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
+                w = torch.randn(n, device=device, dtype=wdt, requires_grad=True)
                 g = torch.randn(m, n, device=device, dtype=dtype)
                 dx, dw = torch.autograd.grad(rms_norm(x, (n,), w), (x, w), g)
                 x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()

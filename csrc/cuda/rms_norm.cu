@@ -17,9 +17,10 @@
 // Backward rows that need a cluster run two CTAs per SM (64 registers). The
 // register launches (not the few-rows ones) copy each thread's weight vectors
 // into shared memory once and read them there (forward: once per row, backward:
-// twice) instead of from L2, where the vectors are 16 bytes and the extra shared
-// memory keeps as many CTAs per SM (a float32 weight with a half input is not
-// staged: staged_weight, staged_weight_bytes).
+// twice) instead of from L2, where they keep as many CTAs per SM: all of a
+// thread's 16-byte vectors, and in the backward as many of its 32-byte ones (a
+// float32 weight with a half input) as fit beside the dW slots (staged_weight,
+// staged_weight_vectors).
 // Rows longer than kVpt * 1024 * 8 vectors (forward; kVpt * 512 * 8 backward) use
 // a two-pass kernel that reads x (and dy) twice.
 //
@@ -329,35 +330,64 @@ struct RowLayout {
   }
 };
 
+// Vector j of this thread's staged weight (staged_weight's slots) as AccT.
+template <typename AccT, typename W, int kChunkElems, int V>
+__device__ __forceinline__ void read_staged_weight(const cuda::Vec<W, kChunkElems>* slots, int j, AccT (&wv)[V]) {
+  constexpr int kChunks = V / kChunkElems;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const auto v = slots[(j * kChunks + c) * blockDim.x + threadIdx.x];
+#pragma unroll
+    for (int i = 0; i < kChunkElems; ++i) wv[c * kChunkElems + i] = static_cast<AccT>(v.v[i]);
+  }
+}
+
 // The weight of the register kernels' rows: weight_at(j, q, wv) sets wv to w[q * V
 // .. q * V + V), this thread's vector j. A thread's columns are the same for every
-// row it visits; with `stage` (16-byte vectors, not the few-rows launches) it
-// copies its vectors once into `smem` (its own slots, j * blockDim.x + threadIdx.x:
-// no barrier needed) and weight_at reads them there instead of from L2.
-template <bool kFewRows, typename AccT, typename W, int V, int Vpt>
-__device__ __forceinline__ auto staged_weight(const W* __restrict__ w, bool stage, unsigned char* smem,
+// row it visits, so (not in the few-rows launches) it copies its first `staged`
+// vectors once into `smem` and weight_at reads those there instead of from L2
+// (staged_weight_vectors: all or none of 16-byte vectors; with kPartial, the
+// backward, the most 32-byte ones that fit). Slots are 16-byte chunks, chunk c of
+// vector j at (j * C + c) * blockDim.x + threadIdx.x (C chunks a vector): a warp's
+// accesses are consecutive (no bank conflicts) and a thread reads only its own
+// slots (no barrier needed).
+template <bool kFewRows, bool kPartial, typename AccT, typename W, int V, int Vpt>
+__device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int staged, unsigned char* smem,
                                               const RowLayout& L, int nv) {
-  using WVec = cuda::Vec<W, V>;
-  WVec* staged = nullptr;
-  if constexpr (!kFewRows && sizeof(W) * V == 16) {
-    if (stage) {
-      staged = reinterpret_cast<WVec*>(smem);
+  constexpr bool kAllOrNone = sizeof(W) * V == 16;
+  constexpr int kChunkElems = static_cast<int>(16 / sizeof(W));
+  constexpr int kChunks = V / kChunkElems;
+  using Chunk = cuda::Vec<W, kChunkElems>;
+  Chunk* slots = nullptr;
+  if constexpr (!kFewRows && (kAllOrNone || (kPartial && sizeof(W) * V == 32))) {
+    if (staged > 0) {
+      slots = reinterpret_cast<Chunk*>(smem);
 #pragma unroll
       for (int j = 0; j < Vpt; ++j) {
         const int q = j * L.row_threads + L.u;
-        if (q < nv) staged[j * blockDim.x + threadIdx.x] = cuda::load_vec<W, V>(w + int64_t(q) * V);
+        if ((kAllOrNone || j < staged) && q < nv) {
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            slots[(j * kChunks + c) * blockDim.x + threadIdx.x] =
+                cuda::load_vec<W, kChunkElems>(w + int64_t(q) * V + c * kChunkElems);
+          }
+        }
       }
     }
   }
-  return [w, staged](int j, int q, AccT(&wv)[V]) {
-    if (staged != nullptr) {
-      const WVec v = staged[j * blockDim.x + threadIdx.x];
-#pragma unroll
-      for (int i = 0; i < V; ++i) wv[i] = static_cast<AccT>(v.v[i]);
-      return;
-    }
-    load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
-  };
+  // Two closures: captured and unused, the count alone made the forward's float32
+  // kernel spill (8 bytes).
+  if constexpr (kPartial) {
+    return [w, slots, staged](int j, int q, AccT(&wv)[V]) {
+      if (slots != nullptr && j < staged) return read_staged_weight<AccT>(slots, j, wv);
+      load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+    };
+  } else {
+    return [w, slots](int j, int q, AccT(&wv)[V]) {
+      if (slots != nullptr) return read_staged_weight<AccT>(slots, j, wv);
+      load_weight<AccT, W, V>(w, int64_t(q) * V, wv);
+    };
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -377,7 +407,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   extern __shared__ __align__(16) unsigned char rms_smem[];
   const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
-  const auto weight_at = staged_weight<kFewRows, AccT, W, V, Vpt>(w, stage_w, rms_smem, L, nv);
+  const auto weight_at = staged_weight<kFewRows, false, AccT, W, V, Vpt>(w, stage_w ? Vpt : 0, rms_smem, L, nv);
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
@@ -441,14 +471,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
-//   stage_w: the thread's w vectors in shared memory after the dW slots
-//   (staged_weight).
+//   staged_w: the thread's first staged_w w vectors in shared memory after the
+//   dW slots (staged_weight).
 
 template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks>
 __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
-                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, bool stage_w) {
+                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, int staged_w) {
   constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
   cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
   extern __shared__ __align__(16) unsigned char rms_smem[];
@@ -472,8 +502,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 #pragma unroll
     for (int k = 0; k < Vpt * V; ++k) dw_sum(k) = AccT(0);
   }
-  const auto weight_at = staged_weight<kFewRows, AccT, W, V, Vpt>(
-      w, stage_w, rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0), L, nv);
+  const auto weight_at = staged_weight<kFewRows, true, AccT, W, V, Vpt>(
+      w, staged_w, rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0), L, nv);
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
@@ -686,18 +716,27 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // ---------------------------------------------------------------------------
 // Launchers.
 
-// Shared-memory bytes that stage the weight (staged_weight) on top of the
-// choice's c.smem, or 0: 16-byte weight vectors, a register launch that is not
-// few-rows, and as many CTAs (or clusters) resident with them as without.
+// Weight vectors per thread staged in shared memory (staged_weight) on top of the
+// choice's c.smem, in a register launch that is not few-rows: for 16-byte weight
+// vectors all of them (c.vpt) or none; in the backward, for 32-byte ones (a
+// float32 weight with a half input), the most that fit; either way only while as
+// many CTAs (or clusters) stay resident as without. (The forward's 32-byte vectors
+// are not staged: its CTAs take one row or a few, and staging them was slower, [4096,
+// 32768] bfloat16 with a float32 weight 0.190 -> 0.210 ms.)
 template <typename... Args>
-int64_t staged_weight_bytes(void (*kernel)(Args...), const RmsChoice& c, bool weighted, int64_t w_vec_bytes) {
-  if (!weighted || w_vec_bytes != 16 || c.looped || c.few_rows || c.vpt < kVpt) return 0;
-  const int64_t bytes = int64_t(c.block) * c.vpt * w_vec_bytes;
-  if (c.smem + bytes > max_smem_optin()) return 0;
-  return cuda::resident_groups(kernel, c.block, c.cluster, c.smem + bytes) ==
-                 cuda::resident_groups(kernel, c.block, c.cluster, c.smem)
-             ? bytes
-             : 0;
+int staged_weight_vectors(void (*kernel)(Args...), const RmsChoice& c, bool backward, bool weighted,
+                          int64_t w_vec_bytes) {
+  const bool partial = backward && w_vec_bytes == 32;
+  if (!weighted || (w_vec_bytes != 16 && !partial) || c.looped || c.few_rows || c.vpt < kVpt) return 0;
+  const int64_t resident = cuda::resident_groups(kernel, c.block, c.cluster, c.smem);
+  for (int n = c.vpt; n > 0 && (n == c.vpt || partial); --n) {
+    const int64_t bytes = int64_t(c.block) * n * w_vec_bytes;
+    if (c.smem + bytes <= max_smem_optin() &&
+        cuda::resident_groups(kernel, c.block, c.cluster, c.smem + bytes) == resident) {
+      return n;
+    }
+  }
+  return 0;
 }
 
 // Calls fn(std::integral_constant<int, V>) with V the chosen vector width.
@@ -819,10 +858,10 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
                        static_cast<acc_t>(e));
         } else {
           with_fwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto* kernel) {
-            const int64_t staged = staged_weight_bytes(kernel, c, wp != nullptr, int64_t(sizeof(W)) * V);
+            const int staged = staged_weight_vectors(kernel, c, false, wp != nullptr, int64_t(sizeof(W)) * V);
             cuda::launch(kernel,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
-                          .smem = c.smem + staged},
+                          .smem = c.smem + int64_t(c.block) * staged * int64_t(sizeof(W)) * V},
                          xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e),
                          staged > 0);
           });
@@ -897,12 +936,12 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                        rows.N);
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
-            const int64_t staged = staged_weight_bytes(kernel, c, wp != nullptr, int64_t(sizeof(W)) * V);
+            const int staged = staged_weight_vectors(kernel, c, true, wp != nullptr, int64_t(sizeof(W)) * V);
             cuda::launch(kernel,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
-                          .smem = c.smem + staged},
+                          .smem = c.smem + int64_t(c.block) * staged * int64_t(sizeof(W)) * V},
                          gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
-                         staged > 0);
+                         staged);
           });
         }
         if (want_dw && !direct) {
