@@ -296,6 +296,18 @@ def test_backward_sweep_and_mask_passes(device, dims, dtype):
         assert plan.sku().variant == f"tile_masks<i32,32 bits,{2 if dims == 2 else 4} passes>+stray_fixup"
 
 
+def test_backward_tiles_load_fewest_cells_then_smallest(device):
+    # The tile chooser (CUDA): past the first tile that fits, a smaller one that loads
+    # no more cells per element wins (more blocks per SM). 32 T-slices of 64 x 64 with
+    # 2 x 2 x 2 windows to 16: float32 tiles of 3 slices (11 a plane) load 3 cells per 3
+    # slices, as 4 slices load 4; bfloat16 keeps 8 slices (6 cells; 6 slices load 5).
+    if device.type != "cuda":
+        pytest.skip("the tiles are the CUDA kernel's")
+    shape, k, out = (1, 4, 32, 64, 64), (2, 2, 2), (16, 32, 32)
+    for dtype, tiles in ((torch.float32, 11), (torch.bfloat16, 4)):
+        assert _backward_plan(3, shape, k, out, dtype, device).workspace_size() == 4 * tiles * 4, dtype
+
+
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_forward_indices_take_no_full_scan(device, dims):
     # Indices made by the forward are never strays on CUDA: no tile flags its plane for

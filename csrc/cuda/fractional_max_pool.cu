@@ -157,9 +157,10 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // per tile element (acc_t; scalar_t for disjoint windows, see tile_stores) and one
 // vector of slack to align it with dx, a mask field of `bits` bits per tile element,
 // and with overlapping windows the dy (acc_t) and target (uint32) of each cell of the
-// box. Tiles start at kTileBytes / (accumulator size) elements and halve until the
+// box. Tiles start at kTileBytes / (accumulator size) elements and shrink until the
 // block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3 windows takes
-// two tiles: four blocks per SM, not two).
+// two tiles: four blocks per SM, not two), then on while the cells loaded per
+// element do not grow.
 struct FmpBackwardChoice {
   bool index32 = true;
   int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
@@ -195,35 +196,52 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   c.passes = ceil_div<int64_t>(codes, 32);
   c.bits = 1;
   while (c.bits < std::min<int64_t>(codes, 32)) c.bits *= 2;
-  for (int64_t budget = kTileBytes / store_size;; budget = std::max<int64_t>(1, budget / 2)) {
+  // The tiles of at most `budget` elements.
+  const auto tiles_of = [&](int64_t budget) {
+    FmpBackwardChoice t = c;
     // Largest extent per axis, innermost axes whole first.
     int64_t inner = 1;
     for (int a = 2; a >= 0; --a) {
       const int64_t max_extent = std::max<int64_t>(1, budget / inner);
-      c.count[a] = ceil_div<int64_t>(g.in[a], max_extent);
-      c.tile[a] = ceil_div<int64_t>(g.in[a], c.count[a]);  // balanced tiles
-      inner = c.count[a] == 1 ? inner * g.in[a] : budget + 1;  // a split axis leaves 1 for the outer ones
+      t.count[a] = ceil_div<int64_t>(g.in[a], max_extent);
+      t.tile[a] = ceil_div<int64_t>(g.in[a], t.count[a]);  // balanced tiles
+      inner = t.count[a] == 1 ? inner * g.in[a] : budget + 1;  // a split axis leaves 1 for the outer ones
     }
-    c.tiles = c.count[0] * c.count[1] * c.count[2];
-    c.box_cells = 1;
+    t.tiles = t.count[0] * t.count[1] * t.count[2];
+    t.box_cells = 1;
     for (int a = 0; a < 3; ++a) {  // the widest box of cells over this axis' tiles
       int64_t most = 0;
-      for (int64_t i = 0; i < c.count[a]; ++i) {
+      for (int64_t i = 0; i < t.count[a]; ++i) {
         int64_t c0 = 0, n = 0;
-        const int64_t x0 = i * c.tile[a];
-        fmp_reach_cells(g.in[a], g.out[a], g.k[a], x0, std::min(x0 + c.tile[a], g.in[a]) - 1, c0, n);
+        const int64_t x0 = i * t.tile[a];
+        fmp_reach_cells(g.in[a], g.out[a], g.k[a], x0, std::min(x0 + t.tile[a], g.in[a]) - 1, c0, n);
         most = std::max(most, n);
       }
-      c.box[a] = std::max<int64_t>(most, 1);
-      c.box_cells *= c.box[a];
+      t.box[a] = std::max<int64_t>(most, 1);
+      t.box_cells *= t.box[a];
     }
-    const int64_t elems = c.tile[0] * c.tile[1] * c.tile[2];
-    c.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
-    c.cell_bytes = c.disjoint ? 0 : ceil_div<int64_t>(c.box_cells * (acc_size + 4), 16) * 16;
-    c.mask_bytes = ceil_div<int64_t>(elems * c.bits, 128) * 16;
-    c.smem_bytes = c.acc_bytes + c.cell_bytes + c.mask_bytes;
-    if (c.smem_bytes <= kMaxBwdSmem || budget == 1) return c;
+    const int64_t elems = t.tile[0] * t.tile[1] * t.tile[2];
+    t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
+    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4), 16) * 16;
+    t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
+    t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
+    return t;
+  };
+  // Budgets of kTileBytes, then 3/4, 1/2, 3/8, ... of it: the first whose block fits,
+  // or a smaller one (down to a quarter of it) with no more box cells per tile
+  // element, the smallest such: as many cells loaded, more blocks per SM (3d [8, 32,
+  // 32, 64, 64] float32: 3 T-slices, 4 blocks per SM, where 4 T-slices load as many
+  // cells per element at 3 blocks: 0.0792 -> 0.0756 ms on the H100).
+  const auto next_budget = [](int64_t b) { return std::max<int64_t>(1, b % 3 == 0 ? b * 2 / 3 : b * 3 / 4); };
+  int64_t budget = kTileBytes / store_size;
+  FmpBackwardChoice best = tiles_of(budget);
+  while (best.smem_bytes > kMaxBwdSmem && budget > 1) best = tiles_of(budget = next_budget(budget));
+  const auto elems_of = [](const FmpBackwardChoice& t) { return t.tile[0] * t.tile[1] * t.tile[2]; };
+  for (const int64_t lowest = budget / 4; budget > 1 && next_budget(budget) >= lowest;) {
+    const FmpBackwardChoice t = tiles_of(budget = next_budget(budget));
+    if (t.box_cells * elems_of(best) <= best.box_cells * elems_of(t)) best = t;
   }
+  return best;
 }
 
 // Stray flags, one int32 per backward block; none when nothing is launched.
