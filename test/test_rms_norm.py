@@ -140,8 +140,8 @@ def test_backward_matches_float64_autograd(device, shape, ns, dtype):
 def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     # Rows that need a thread-block cluster, several per cluster (the slot parity
     # across cluster barriers, dW accumulated over a cluster's rows). A float32
-    # weight with a bfloat16 input: 3 of a thread's 4 weight vectors staged in shared
-    # memory beside the dW slots in the backward, 6 of 8 in the forward.
+    # weight with a bfloat16 input: in the backward 3 of a thread's 4 weight vectors
+    # are staged in shared memory beside the dW slots, the 4th read from L2.
     if device.type != "cuda":
         pytest.skip("cluster kernels: CUDA only (the CPU path is covered by the row sweep)")
     x = random((300, n), dtype, device)
