@@ -35,6 +35,9 @@ constexpr int kCellsPerThread = 8;       // backward: output cells a thread hold
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
+constexpr int kSlotBits = 15;  // backward, overlapping windows: a tile element's index (the leaders' queue packs it with
+                               // a box place, 8 shared bytes each: both fit in 32 bits)
+static_assert(kTileBytes / 4 <= (int64_t(1) << kSlotBits) && kMaxBwdSmem / 8 <= (int64_t(1) << (32 - kSlotBits)));
 constexpr int64_t kBandBytes = 32 * 1024;   // forward, 2d: most shared memory for a band's input rows
 
 // ---------------------------------------------------------------------------
@@ -156,8 +159,9 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // cells store once per element instead). Shared memory of a block: an accumulator
 // per tile element (acc_t; scalar_t for disjoint windows, see tile_stores) and one
 // vector of slack to align it with dx, a mask field of `bits` bits per tile element,
-// and with overlapping windows the dy (acc_t) and target (uint32) of each cell of the
-// box. Tiles start at kTileBytes / (accumulator size) elements and shrink until the
+// with overlapping windows the dy (acc_t) and target (uint32) of each cell of the
+// box, and the per-axis tables (f of each box cell; with overlapping windows also
+// first(x) of each tile element; an index each). Tiles start at kTileBytes / (accumulator size) elements and shrink until the
 // block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3 windows takes
 // two tiles: four blocks per SM, not two), then on while the cells loaded per
 // element do not grow.
@@ -175,7 +179,9 @@ struct FmpBackwardChoice {
   int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
   int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell, 16-byte multiple
   int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
-  int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes
+  int64_t table_bytes = 0;       // per-axis tables (fmp_backward_tile_kernel): f of each box cell; overlapping
+                                 // windows also first(x) of each tile element; 16-byte multiple
+  int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes + table_bytes
 };
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
@@ -224,7 +230,9 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
     t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4), 16) * 16;
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
-    t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
+    const int64_t entries = t.box[0] + t.box[1] + t.box[2] + (t.disjoint ? 0 : t.tile[0] + t.tile[1] + t.tile[2]);
+    t.table_bytes = ceil_div<int64_t>(entries * (t.index32 ? 4 : 8), 16) * 16;
+    t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes + t.table_bytes;
     return t;
   };
   // Budgets of kTileBytes, then 3/4, 1/2, 3/8, ... of it: the first whose block fits,
@@ -695,7 +703,9 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // cell of its lowest set bit, adds to the accumulator the staged dy of the cells the
 // set bits name, in increasing code order, that is increasing o as PyTorch's CPU
 // kernel adds them (so CUDA and CPU results are bit-identical). Most elements have one
-// contribution and their leader adds its own dy. More than 32 codes take passes of
+// contribution and their leader adds its own dy; leaders of several are queued per warp
+// and summed after its sweep (the box place of a code comes from a table of the pass's
+// 32 codes). More than 32 codes take passes of
 // 32 (pass p: codes [32p, 32p + 32)), the accumulator carrying the sums between
 // passes. Bit-identical run to run.
 //
@@ -737,8 +747,6 @@ struct FmpBwdAxis {
   IntDivider<IndexT> count;  // tiles along this axis
 
   __device__ __forceinline__ IndexT f(IndexT c) const { return B.div(c * A + f_base); }
-  // x in reach(c) = [f(c) - 1, f(c) + k]  (below f(c) - 1 the difference wraps)
-  __device__ __forceinline__ bool reaches(IndexT c, IndexT x) const { return IndexT(x + 1 - f(c)) <= k + 1; }
   // The first cell whose reach can hold x (fmp_reach_cells' c0 for [x, x]).
   __device__ __forceinline__ IndexT first(IndexT x) const {
     if (out == 1 || x <= k) return 0;
@@ -762,8 +770,9 @@ struct FmpBwdParams {
                                     // staged at their place in a box this size)
   int64_t in_plane, out_plane, blocks;
   int acc_bytes, cell_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell; the mask fields
+  int mask_bytes;           // then the tables: per axis a, f_table[a] (box extent entries), then first_table[a]
+  int f_table[3], first_table[3];  // (tile extent entries; overlapping windows only): offsets in IndexT entries
   int box_cells;            // most cells in a tile's box
-  int mask_vecs;            // 16-byte vectors of mask fields
   int bits_log2;            // mask bits per element = 1 << bits_log2
   int passes;
 };
@@ -773,6 +782,7 @@ template <typename IndexT>
 struct FmpTile {
   IndexT plane, g0;    // the plane; the tile's first element within the plane
   int len, shift;      // elements of the tile; its dx start's offset from 16-byte alignment, in elements
+  IndexT x0[3];        // per axis, the tile's first input position
   IndexT c0[3], n[3];  // per axis, the cells whose reach meets the tile: [c0, c0 + n)
   IndexT ncells;       // box places to visit: n[T] x box_h x box_w (rows of the box past n[T] hold no cell)
 };
@@ -784,42 +794,41 @@ __device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& 
   FmpTile<IndexT> t;
   const auto pt = p.tiles.divmod(block);
   t.plane = pt.div;
-  IndexT rest = pt.mod, x0[3], x1[3];
+  IndexT rest = pt.mod, x1[3];
 #pragma unroll
   for (int a = 2; a >= 0; --a) {
     const auto& ax = p.axis[a];
     const auto ic = ax.count.divmod(rest);
     rest = ic.div;
-    x0[a] = ic.mod * ax.tile;
-    x1[a] = x0[a] + ax.tile < ax.in ? x0[a] + ax.tile : ax.in;
-    t.c0[a] = ax.first(x0[a]);
+    t.x0[a] = ic.mod * ax.tile;
+    x1[a] = t.x0[a] + ax.tile < ax.in ? t.x0[a] + ax.tile : ax.in;
+    t.c0[a] = ax.first(t.x0[a]);
     const IndexT c1 = ax.last(x1[a] - 1);
     t.n[a] = c1 >= t.c0[a] ? c1 - t.c0[a] + 1 : 0;
   }
-  t.g0 = (x0[0] * p.axis[1].in + x0[1]) * p.axis[2].in + x0[2];
-  t.len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
+  t.g0 = (t.x0[0] * p.axis[1].in + t.x0[1]) * p.axis[2].in + t.x0[2];
+  t.len = static_cast<int>((x1[0] - t.x0[0]) * (x1[1] - t.x0[1]) * (x1[2] - t.x0[2]));
   t.shift = static_cast<int>(
       (reinterpret_cast<uintptr_t>(dx + int64_t(t.plane) * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
   t.ncells = t.n[0] * p.box_h.divisor * p.box_w.divisor;
   return t;
 }
 
-// Box place q of a tile as (t, h, w) output coordinates (2d: t = 0); false where the
-// place holds no cell of this tile (past n along H or W).
+// Box place q of a tile as (t, h, w) offsets from the box's first cell c0 (2d: t =
+// 0); false where the place holds no cell of this tile (past n along H or W).
 template <int Dims, typename IndexT>
 __device__ __forceinline__ bool fmp_box_cell(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t, IndexT q,
-                                             IndexT (&cell)[3]) {
+                                             IndexT (&at)[3]) {
   const auto wq = p.box_w.divmod(q);
-  IndexT h = wq.div, tt = 0;
+  at[0] = 0;
+  at[1] = wq.div;
+  at[2] = wq.mod;
   if constexpr (Dims == 3) {
     const auto hq = p.box_h.divmod(wq.div);
-    tt = hq.div;
-    h = hq.mod;
+    at[0] = hq.div;
+    at[1] = hq.mod;
   }
-  cell[0] = t.c0[0] + tt;
-  cell[1] = t.c0[1] + h;
-  cell[2] = t.c0[2] + wq.mod;
-  return h < t.n[1] && wq.mod < t.n[2];
+  return at[1] < t.n[1] && at[2] < t.n[2];
 }
 
 // Plane element e as (t, h, w) input coordinates (2d: t = 0).
@@ -864,6 +873,8 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);    // tile_masks: per box cell
   uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: per box cell
   uint32_t* const masks = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
+  IndexT* const tables = reinterpret_cast<IndexT*>(fmp_smem + p.acc_bytes + p.cell_bytes + p.mask_bytes);
+  __shared__ IndexT code_offset[32];  // tile_masks: fmp_code_offset of the pass's 32 codes
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(store_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
@@ -876,13 +887,26 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   auto zero = [&](unsigned char* from, int bytes) {
     for (int i = threadIdx.x; i < bytes / 16; i += kBwdThreads) reinterpret_cast<uint4*>(from)[i] = make_uint4(0, 0, 0, 0);
   };
+  auto tabulate_codes = [&](IndexT code_base) {
+    if (threadIdx.x < 32) code_offset[threadIdx.x] = fmp_code_offset<Dims>(p, code_base + threadIdx.x);
+  };
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
     if (threadIdx.x == 0) later_count = 0;
     zero(fmp_smem, p.acc_bytes);
-    zero(reinterpret_cast<unsigned char*>(masks), p.mask_vecs * 16);
-    __syncthreads();  // accumulator and masks zeroed
+    zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
+#pragma unroll
+    for (int a = 3 - Dims; a < 3; ++a) {  // the tile's tables
+      for (IndexT i = threadIdx.x; i < t.n[a]; i += kBwdThreads) tables[p.f_table[a] + i] = ax[a].f(t.c0[a] + i);
+      if (!Disjoint) {
+        for (IndexT i = threadIdx.x; i < ax[a].tile; i += kBwdThreads) {
+          tables[p.first_table[a] + i] = ax[a].first(t.x0[a] + i) - t.c0[a];
+        }
+      }
+    }
+    if (!Disjoint) tabulate_codes(0);
+    __syncthreads();  // accumulator and masks zeroed, tables filled
     scalar_t* const dxt = dx + int64_t(t.plane) * p.in_plane + t.g0;
     store_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
     const scalar_t* const dyp = dy + int64_t(t.plane) * p.out_plane;
@@ -899,9 +923,10 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
           target[j] = -1;
           grad[j] = scalar_t(0);
-          IndexT cell[3];
-          if (q < t.ncells && fmp_box_cell<Dims>(p, t, q, cell)) {
-            const IndexT o = (cell[0] * ax[1].out + cell[1]) * ax[2].out + cell[2];
+          IndexT place[3];
+          if (q < t.ncells && fmp_box_cell<Dims>(p, t, q, place)) {
+            const IndexT o =
+                ((t.c0[0] + place[0]) * ax[1].out + t.c0[1] + place[1]) * ax[2].out + t.c0[2] + place[2];
             target[j] = ip[o];
             grad[j] = dyp[o];
           }
@@ -910,33 +935,36 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
         for (int j = 0; j < kCellsPerThread; ++j) {
           const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
           if (q >= t.ncells) continue;
-          IndexT cell[3];
-          if (!fmp_box_cell<Dims>(p, t, q, cell)) {  // the cell again (cheaper than holding it)
+          IndexT place[3];
+          if (!fmp_box_cell<Dims>(p, t, q, place)) {  // the cell again (cheaper than holding it)
             if (!Disjoint) targets[q] = kNoTarget;  // a place past the tile's cells
             continue;
           }
           const int64_t e = target[j];
           bool regular = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
+          const IndexT slot = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
+          bool mine = slot < IndexT(t.len);
           IndexT code = 0;
           // With one tile every cell of the plane is in the box: the reach test only
-          // makes sure that the tile holding the index loads the cell.
+          // makes sure that the tile holding the index loads the cell. Reach: x in
+          // [f(c) - 1, f(c) + k] (below f(c) - 1 the difference wraps). Per axis, f of
+          // the box's cells and first(x) - c0 of the tile's positions come from tables.
           const bool reach_test = p.tiles.divisor != 1;
           if (regular && (reach_test || !Disjoint)) {
             IndexT x[3];
             fmp_element<Dims>(p, static_cast<IndexT>(e), x);
 #pragma unroll
             for (int a = 3 - Dims; a < 3; ++a) {
-              if (reach_test) regular = regular && ax[a].reaches(cell[a], x[a]);
-              if (!Disjoint) {  // the slot code, a distinct one per cell that may target x
-                const IndexT d = cell[a] - ax[a].first(x[a]);  // wraps below first(x)
+              if (reach_test) regular = regular && IndexT(x[a] + 1 - tables[p.f_table[a] + place[a]]) <= ax[a].k + 1;
+              if (!Disjoint && mine) {  // the slot code, a distinct one per cell that may target x
+                const IndexT d = place[a] - tables[p.first_table[a] + x[a] - t.x0[a]];  // c - first(x); wraps below
                 regular = regular && d < ax[a].S.divisor;
                 code = code * ax[a].S.divisor + d;
               }
             }
           }
+          mine = mine && regular;
           stray = stray || !regular;
-          const IndexT slot = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
-          const bool mine = regular && slot < IndexT(t.len);
           uint32_t* const word = masks + ((uint32_t(slot) << p.bits_log2) >> 5);
           const int at = (uint32_t(slot) << p.bits_log2) & 31;
           if constexpr (Disjoint) {
@@ -980,24 +1008,47 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
         }
         break;
       }
-      for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {  // the leaders add their element's cells
-        const uint32_t target_q = targets[q];
-        if (target_q == kNoTarget) continue;
-        const uint32_t slot = target_q >> 5, bit = target_q & 31;
-        uint32_t f = field(slot);
-        if (__ffs(f) - 1 != int(bit)) continue;  // not the element's leader
-        acc_t sum = acct[slot];
-        if (f == (1u << bit)) {
-          sum += dys[q];
-        } else {
-          const IndexT base = q - fmp_code_offset<Dims>(p, code_base + bit);  // the cell at offset 0
-          for (; f != 0; f &= f - 1) sum += dys[base + fmp_code_offset<Dims>(p, code_base + IndexT(__ffs(f) - 1))];
+      // The leaders add their element's cells. A leader of one cell adds its dy at
+      // once; the others are queued per warp and summed after the warp's sweep, 32
+      // at a time, so that a warp does not wait for its longest sum at every step.
+      // The queue overwrites the warp's own entries of `targets`, all read by then:
+      // entry j at place warp_place(j), the j-th place the warp swept.
+      const int lane = threadIdx.x & 31;
+      const auto warp_place = [&](int j) { return IndexT(threadIdx.x - lane) + IndexT(j >> 5) * kBwdThreads + (j & 31); };
+      int queued = 0;  // the same in every lane of the warp
+      for (IndexT q0 = threadIdx.x - lane; q0 < t.ncells; q0 += kBwdThreads) {
+        const IndexT q = q0 + lane;
+        const uint32_t target_q = q < t.ncells ? targets[q] : kNoTarget;
+        const uint32_t slot = target_q >> 5;
+        uint32_t f = 0;
+        bool leader = false;
+        if (target_q != kNoTarget) {
+          f = field(slot);
+          leader = __ffs(f) - 1 == int(target_q & 31);
         }
+        const bool alone = (f & (f - 1)) == 0;
+        if (leader && alone) acct[slot] += dys[q];
+        const uint32_t queue = __ballot_sync(~0u, leader && !alone);
+        __syncwarp();  // every lane has read its target
+        if (leader && !alone) {
+          targets[warp_place(queued + __popc(queue & ((1u << lane) - 1)))] = (uint32_t(q) << kSlotBits) | slot;
+        }
+        queued += __popc(queue);
+      }
+      __syncwarp();  // the queue is written
+      for (int j = lane; j < queued; j += 32) {
+        const uint32_t entry = targets[warp_place(j)];
+        const uint32_t slot = entry & ((1u << kSlotBits) - 1);
+        uint32_t f = field(slot);
+        const IndexT base = IndexT(entry >> kSlotBits) - code_offset[__ffs(f) - 1];  // the cell at offset 0
+        acc_t sum = acct[slot];
+        for (; f != 0; f &= f - 1) sum += dys[base + code_offset[__ffs(f) - 1]];
         acct[slot] = sum;
       }
       __syncthreads();  // sums added; fields read
       if (pass + 1 < p.passes) {
-        zero(reinterpret_cast<unsigned char*>(masks), p.mask_vecs * 16);
+        zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
+        tabulate_codes(code_base + 32);
         __syncthreads();
       }
     }
@@ -1096,7 +1147,16 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.acc_bytes = static_cast<int>(c.acc_bytes);
   p.cell_bytes = static_cast<int>(c.cell_bytes);
   p.box_cells = static_cast<int>(c.box_cells);
-  p.mask_vecs = static_cast<int>(c.mask_bytes / 16);
+  p.mask_bytes = static_cast<int>(c.mask_bytes);
+  int entries = 0;
+  for (int a = 0; a < 3; ++a) {
+    p.f_table[a] = entries;
+    entries += static_cast<int>(c.box[a]);
+  }
+  for (int a = 0; a < 3; ++a) {
+    p.first_table[a] = entries;
+    entries += c.disjoint ? 0 : static_cast<int>(c.tile[a]);
+  }
   p.bits_log2 = __builtin_ctz(static_cast<unsigned>(c.bits));
   p.passes = static_cast<int>(c.passes);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -1104,7 +1164,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
                            : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
   const int smem = static_cast<int>(c.smem_bytes);
-  const int64_t block_smem = smem + 4 + kLaterCap * int64_t(4 + sizeof(acc_t));  // dynamic + static
+  const int64_t block_smem = smem + 4 + kLaterCap * int64_t(4 + sizeof(acc_t)) + 32 * int64_t(sizeof(IndexT));  // + static
   TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                               fmp_op_name(g.dims, true), ": needs ", block_smem,
                               " bytes of shared memory per block, the device allows ",
