@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison, random
+from helpers import FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, opcheck, poison, random
 
 
 def _fw(dims):
@@ -306,6 +306,39 @@ def test_backward_tiles_load_fewest_cells_then_smallest(device):
     shape, k, out = (1, 4, 32, 64, 64), (2, 2, 2), (16, 32, 32)
     for dtype, tiles in ((torch.float32, 11), (torch.bfloat16, 4)):
         assert _backward_plan(3, shape, k, out, dtype, device).workspace_size() == 4 * tiles * 4, dtype
+
+
+@pytest.mark.parametrize("dims, shape, k, out, dtype", [
+    (2, (1, 2, 32768, 32768), 3, 16384, torch.float32),   # 2^31 elements, overlapping windows (tile_masks)
+    (3, (1, 1, 1291, 1291, 1291), 2, 645, torch.bfloat16),  # 2.15e9 elements, disjoint windows (tile_stores)
+])
+def test_64bit_indexing_matches_pytorch(device, dims, shape, k, out, dtype):
+    # Planes past 2^31 elements take the CUDA kernels' 64-bit index math (i64 variants);
+    # compared with PyTorch's own CUDA kernels (its backward adds with atomics, so
+    # within float tolerance rather than bit-equal).
+    if device.type != "cuda":
+        pytest.skip("64-bit index math is a CUDA kernel variant (the CPU kernels index with int64 throughout)")
+    if torch.cuda.mem_get_info()[0] < 40 * 2**30:
+        pytest.skip("needs 40 GiB of free GPU memory")
+    k, out = (k,) * dims, (out,) * dims
+    plan = _backward_plan(dims, shape, k, out, dtype, device)
+    assert "i64" in plan.sku().variant, plan.sku().variant
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype, device=device)
+    s = _samples(x, dims)
+    y, i = _fw(dims)(x, list(k), list(out), s)
+    ry, ri = _torch(dims, x, k, out, s)
+    assert torch.equal(y, ry) and torch.equal(i, ri)
+    del ry, ri
+    g = torch.randn_like(y)
+    dx = _bw(dims)(g, x, list(k), list(out), i)
+    rdx = getattr(torch.ops.aten, f"fractional_max_pool{dims}d_backward")(g, x, list(k), list(out), i)
+    del x, y, i, g
+    rtol, atol = TOLERANCES[dtype]
+    a, b = dx.view(-1), rdx.view(-1)
+    for start in range(0, a.numel(), 2**28):  # on the GPU, a slice at a time
+        torch.testing.assert_close(a[start:start + 2**28].double(), b[start:start + 2**28].double(),
+                                   rtol=2 * rtol, atol=2 * atol)
 
 
 @pytest.mark.parametrize("dims", [2, 3])
