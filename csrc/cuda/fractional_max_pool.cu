@@ -179,8 +179,8 @@ struct FmpBackwardChoice {
   int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
   int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell, 16-byte multiple
   int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
-  int64_t table_bytes = 0;       // per-axis tables (fmp_backward_tile_kernel): f of each box cell; overlapping
-                                 // windows also first(x) of each tile element; 16-byte multiple
+  int64_t table_bytes = 0;       // overlapping windows, per-axis tables (fmp_backward_tile_kernel): f of each box
+                                 // cell (several tiles), first(x) of each tile element; 16-byte multiple
   int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes + table_bytes
 };
 
@@ -230,7 +230,11 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
     t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4), 16) * 16;
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
-    const int64_t entries = t.box[0] + t.box[1] + t.box[2] + (t.disjoint ? 0 : t.tile[0] + t.tile[1] + t.tile[2]);
+    // Overlapping windows: f of the box's cells for the reach test (more than one
+    // tile), first(x) for the slot codes.
+    const int64_t entries = t.disjoint ? 0
+                                       : (t.tiles > 1 ? t.box[0] + t.box[1] + t.box[2] : 0) + t.tile[0] + t.tile[1] +
+                                             t.tile[2];
     t.table_bytes = ceil_div<int64_t>(entries * (t.index32 ? 4 : 8), 16) * 16;
     t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes + t.table_bytes;
     return t;
@@ -770,8 +774,9 @@ struct FmpBwdParams {
                                     // staged at their place in a box this size)
   int64_t in_plane, out_plane, blocks;
   int acc_bytes, cell_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell; the mask fields
-  int mask_bytes;           // then the tables: per axis a, f_table[a] (box extent entries), then first_table[a]
-  int f_table[3], first_table[3];  // (tile extent entries; overlapping windows only): offsets in IndexT entries
+  int mask_bytes;           // then (overlapping windows) the tables: per axis a, f_table[a] (box extent
+  int f_table[3], first_table[3];  // entries; several tiles only), then first_table[a] (tile extent entries):
+                                   // offsets in IndexT entries
   int box_cells;            // most cells in a tile's box
   int bits_log2;            // mask bits per element = 1 << bits_log2
   int passes;
@@ -891,21 +896,27 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
     if (threadIdx.x < 32) code_offset[threadIdx.x] = fmp_code_offset<Dims>(p, code_base + threadIdx.x);
   };
 
+  // With one tile every cell of the plane is in the box: the reach test only makes
+  // sure that the tile holding the index loads the cell.
+  const bool reach_test = p.tiles.divisor != 1;
+
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
     if (threadIdx.x == 0) later_count = 0;
     zero(fmp_smem, p.acc_bytes);
     zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
+    if constexpr (!Disjoint) {  // the tile's tables
 #pragma unroll
-    for (int a = 3 - Dims; a < 3; ++a) {  // the tile's tables
-      for (IndexT i = threadIdx.x; i < t.n[a]; i += kBwdThreads) tables[p.f_table[a] + i] = ax[a].f(t.c0[a] + i);
-      if (!Disjoint) {
+      for (int a = 3 - Dims; a < 3; ++a) {
+        if (reach_test) {
+          for (IndexT i = threadIdx.x; i < t.n[a]; i += kBwdThreads) tables[p.f_table[a] + i] = ax[a].f(t.c0[a] + i);
+        }
         for (IndexT i = threadIdx.x; i < ax[a].tile; i += kBwdThreads) {
           tables[p.first_table[a] + i] = ax[a].first(t.x0[a] + i) - t.c0[a];
         }
       }
+      tabulate_codes(0);
     }
-    if (!Disjoint) tabulate_codes(0);
     __syncthreads();  // accumulator and masks zeroed, tables filled
     scalar_t* const dxt = dx + int64_t(t.plane) * p.in_plane + t.g0;
     store_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
@@ -945,17 +956,19 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           const IndexT slot = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
           bool mine = slot < IndexT(t.len);
           IndexT code = 0;
-          // With one tile every cell of the plane is in the box: the reach test only
-          // makes sure that the tile holding the index loads the cell. Reach: x in
-          // [f(c) - 1, f(c) + k] (below f(c) - 1 the difference wraps). Per axis, f of
-          // the box's cells and first(x) - c0 of the tile's positions come from tables.
-          const bool reach_test = p.tiles.divisor != 1;
+          // Reach: x in [f(c) - 1, f(c) + k] (below f(c) - 1 the difference wraps).
+          // Overlapping windows take f of the box's cells and first(x) - c0 of the
+          // tile's positions from tables; disjoint ones compute f (their tiles are
+          // small: on the H100 a table made 3d float32 1.5% slower).
           if (regular && (reach_test || !Disjoint)) {
             IndexT x[3];
             fmp_element<Dims>(p, static_cast<IndexT>(e), x);
 #pragma unroll
             for (int a = 3 - Dims; a < 3; ++a) {
-              if (reach_test) regular = regular && IndexT(x[a] + 1 - tables[p.f_table[a] + place[a]]) <= ax[a].k + 1;
+              if (reach_test) {
+                const IndexT fc = Disjoint ? ax[a].f(t.c0[a] + place[a]) : tables[p.f_table[a] + place[a]];
+                regular = regular && IndexT(x[a] + 1 - fc) <= ax[a].k + 1;
+              }
               if (!Disjoint && mine) {  // the slot code, a distinct one per cell that may target x
                 const IndexT d = place[a] - tables[p.first_table[a] + x[a] - t.x0[a]];  // c - first(x); wraps below
                 regular = regular && d < ax[a].S.divisor;
@@ -1151,7 +1164,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   int entries = 0;
   for (int a = 0; a < 3; ++a) {
     p.f_table[a] = entries;
-    entries += static_cast<int>(c.box[a]);
+    entries += !c.disjoint && c.tiles > 1 ? static_cast<int>(c.box[a]) : 0;
   }
   for (int a = 0; a < 3; ++a) {
     p.first_table[a] = entries;
