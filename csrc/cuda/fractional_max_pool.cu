@@ -159,12 +159,12 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // cells store once per element instead). Shared memory of a block: an accumulator
 // per tile element (acc_t; scalar_t for disjoint windows, see tile_stores) and one
 // vector of slack to align it with dx, a mask field of `bits` bits per tile element,
-// with overlapping windows the dy (acc_t) and target (uint32) of each cell of the
-// box, and the per-axis tables (f of each box cell; with overlapping windows also
-// first(x) of each tile element; an index each). Tiles start at kTileBytes / (accumulator size) elements and shrink until the
-// block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3 windows takes
-// two tiles: four blocks per SM, not two), then on while the cells loaded per
-// element do not grow.
+// and with overlapping windows the dy (acc_t) and target (uint32) of each cell of
+// the box and per-axis tables (first(x) of each tile position and, with several
+// tiles, f of each box cell; an index each). Tiles start at kTileBytes /
+// (accumulator size) elements and shrink until the block fits in kMaxBwdSmem (a
+// plane of 112 x 112 float32 with 3 x 3 windows takes two tiles: four blocks per SM,
+// not two), then on while the cells loaded per element do not grow.
 struct FmpBackwardChoice {
   bool index32 = true;
   int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
