@@ -35,9 +35,11 @@ constexpr int kCellsPerThread = 8;       // backward: output cells a thread hold
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
-constexpr int kSlotBits = 15;  // backward, overlapping windows: a tile element's index (the leaders' queue packs it with
-                               // a box place, 8 shared bytes each: both fit in 32 bits)
-static_assert(kTileBytes / 4 <= (int64_t(1) << kSlotBits) && kMaxBwdSmem / 8 <= (int64_t(1) << (32 - kSlotBits)));
+// Backward, overlapping windows: bits of a tile element's index in the leaders' queue
+// entries, which pack it with a box place. A tile holds at most kTileBytes / 4
+// elements, and a box cell takes 8 shared bytes of the at most 227 KB of a block.
+constexpr int kSlotBits = 15;
+static_assert(kTileBytes / 4 <= (int64_t(1) << kSlotBits) && 227 * 1024 / 8 <= (int64_t(1) << (32 - kSlotBits)));
 constexpr int64_t kBandBytes = 32 * 1024;   // forward, 2d: most shared memory for a band's input rows
 
 // ---------------------------------------------------------------------------
@@ -773,10 +775,10 @@ struct FmpBwdParams {
   IntDivider<IndexT> box_w, box_h;  // box extents along W and H (the widest over the tiles; cells are
                                     // staged at their place in a box this size)
   int64_t in_plane, out_plane, blocks;
-  int acc_bytes, cell_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell; the mask fields
-  int mask_bytes;           // then (overlapping windows) the tables: per axis a, f_table[a] (box extent
-  int f_table[3], first_table[3];  // entries; several tiles only), then first_table[a] (tile extent entries):
-                                   // offsets in IndexT entries
+  int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell; the
+                                          // mask fields; then (overlapping windows) the tables
+  int f_table[3], first_table[3];  // where the tables of axis a start, in IndexT entries: f of the box's cells
+                                   // (several tiles only), first(x) - c0 of the tile's positions
   int box_cells;            // most cells in a tile's box
   int bits_log2;            // mask bits per element = 1 << bits_log2
   int passes;
@@ -823,17 +825,17 @@ __device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& 
 // 0); false where the place holds no cell of this tile (past n along H or W).
 template <int Dims, typename IndexT>
 __device__ __forceinline__ bool fmp_box_cell(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t, IndexT q,
-                                             IndexT (&at)[3]) {
+                                             IndexT (&place)[3]) {
   const auto wq = p.box_w.divmod(q);
-  at[0] = 0;
-  at[1] = wq.div;
-  at[2] = wq.mod;
+  place[0] = 0;
+  place[1] = wq.div;
+  place[2] = wq.mod;
   if constexpr (Dims == 3) {
     const auto hq = p.box_h.divmod(wq.div);
-    at[0] = hq.div;
-    at[1] = hq.mod;
+    place[0] = hq.div;
+    place[1] = hq.mod;
   }
-  return at[1] < t.n[1] && at[2] < t.n[2];
+  return place[1] < t.n[1] && place[2] < t.n[2];
 }
 
 // Plane element e as (t, h, w) input coordinates (2d: t = 0).
