@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 //   staged_w: the thread's first staged_w w vectors in shared memory after the
 //   dW slots (staged_weight).
 
-template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks>
+template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks, bool kGroupedSlots = false>
 __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
@@ -521,11 +521,16 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
   // This thread's dW sum k (k = j * V + i): a register in the few-rows launches
   // (a CTA holds one row or a slice of it, nothing to combine), else its slot in `acc`.
   AccT dw_reg[kFewRows ? Vpt * V : 1];
+  // Slot of sum k of thread t: (k, t) at k * blockDim.x + t; kGroupedSlots: in
+  // groups of kSlotG sums of a thread side by side (16 bytes), which add_dw reads
+  // and writes with one shared access instead of kSlotG.
+  constexpr int kSlotG = kGroupedSlots && V % (16 / sizeof(AccT)) == 0 ? static_cast<int>(16 / sizeof(AccT)) : 1;
+  const auto slot_index = [&](int k, int t) { return ((k / kSlotG) * blockDim.x + t) * kSlotG + k % kSlotG; };
   const auto dw_sum = [&](int k) -> AccT& {
     if constexpr (kFewRows) {
       return dw_reg[k];
     } else {
-      return acc[k * blockDim.x + threadIdx.x];
+      return acc[slot_index(k, threadIdx.x)];
     }
   };
   if (want_dw) {
@@ -570,8 +575,22 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       }
     }
     const auto add_dw = [&](int j) {
+      if constexpr (!kFewRows && kSlotG > 1) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) dw_sum(j * V + i) += g_at(j, i) * x_at(j, i) * r;
+        for (int c = 0; c < V / kSlotG; ++c) {
+          auto* p = reinterpret_cast<cuda::Vec<AccT, kSlotG>*>(acc + slot_index(j * V + c * kSlotG, threadIdx.x));
+          auto v = *p;
+#pragma unroll
+          for (int e = 0; e < kSlotG; ++e) {
+            const int i = c * kSlotG + e;
+            v.v[e] += g_at(j, i) * x_at(j, i) * r;
+          }
+          *p = v;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) dw_sum(j * V + i) += g_at(j, i) * x_at(j, i) * r;
+      }
     };
     // Cluster rows: the dW sums need no s, so they are added between arriving at the
     // row's cluster barrier and waiting there (row_sum), which hides part of its wait
@@ -644,7 +663,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       const int q = j * L.row_threads + L.rank * group + t;
       if (q >= nv) continue;
       AccT sum = 0;
-      for (int g = 0; g < L.rows_per_cta; ++g) sum += acc[(j * V + i) * blockDim.x + g * group + t];
+      for (int g = 0; g < L.rows_per_cta; ++g) sum += acc[slot_index(j * V + i, g * group + t)];
       if (dw_direct != nullptr) {
         dw_direct[int64_t(q) * V + i] = static_cast<W>(sum);
       } else {
@@ -848,6 +867,14 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
     constexpr int Vpt = decltype(vpt_tag)::value;
     if constexpr (Vpt == kVpt) {
       if (c.ctas_per_sm == 2) return fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 2>);
+      // One row per CTA of more than 256 threads: the dW slots in 16-byte groups
+      // (116 -> 96 registers for 16-bit elements). Same build, [26214, 5120] float32
+      // 0.6175 -> 0.5726 ms, [8192, 16384] bf16 0.3004 -> 0.2859; at 256 threads mixed
+      // ([16384, 8192] bf16 +1%, with a float32 weight -2%), at fewer, and for cluster
+      // rows, slower (up to 9%, [65536, 2048] bf16).
+      if (c.cluster == 1 && c.group == c.block && c.block > 256) {
+        return fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 1, true>);
+      }
     }
     fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 1>);
   });
