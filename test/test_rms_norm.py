@@ -104,13 +104,16 @@ def backward_reference(x, ns, w, g):
 
 # Backward: the cases above, plus decode-like rows (a single long row spread over a
 # cluster, a few rows of a CTA each) and more rows than SMs of a CTA each (on CUDA the
-# weight staged in shared memory where its vectors are 16 bytes).
+# weight staged in shared memory where its vectors are 16 bytes; with more than 256
+# threads a row, float32 at 5120 and 16-bit elements at 16384, the dW slots grouped).
 BACKWARD_CASES = [c for c in CASES if c[0] != (1, 300000)] + [
     ((1, 40000), (40000,)),
     ((1, 8192), (8192,)),
     ((8, 8192), (8192,)),
     ((32, 4096), (4096,)),
     ((200, 4096), (4096,)),
+    ((100, 5120), (5120,)),
+    ((48, 16384), (16384,)),
 ]
 
 
@@ -139,9 +142,10 @@ def test_backward_matches_float64_autograd(device, shape, ns, dtype):
                                          (torch.bfloat16, torch.float32, 32768), (torch.float32, torch.float32, 32768)])
 def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     # Rows that need a thread-block cluster, several per cluster (the slot parity
-    # across cluster barriers, dW accumulated over a cluster's rows). A float32
-    # weight with a bfloat16 input: in the backward 3 of a thread's 4 weight vectors
-    # are staged in shared memory beside the dW slots, the 4th read from L2.
+    # across cluster barriers, dW accumulated over a cluster's rows, added while
+    # waiting at the barrier). A float32 weight with a bfloat16 input: in the
+    # backward 3 of a thread's 4 weight vectors are staged in shared memory beside
+    # the dW slots, the 4th held in registers.
     if device.type != "cuda":
         pytest.skip("cluster kernels: CUDA only (the CPU path is covered by the row sweep)")
     x = random((300, n), dtype, device)
