@@ -183,6 +183,8 @@ struct FmpBackwardChoice {
   int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
   int64_t table_bytes = 0;       // overlapping windows, per-axis tables (fmp_backward_tile_kernel): f of each box
                                  // cell (several tiles), first(x) of each tile element; 16-byte multiple
+  int64_t f_table[3] = {0, 0, 0};      // where those tables of axis a start, in entries
+  int64_t first_table[3] = {0, 0, 0};
   int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes + table_bytes
 };
 
@@ -234,9 +236,15 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
     // Overlapping windows: f of the box's cells for the reach test (more than one
     // tile), first(x) for the slot codes.
-    const int64_t entries = t.disjoint ? 0
-                                       : (t.tiles > 1 ? t.box[0] + t.box[1] + t.box[2] : 0) + t.tile[0] + t.tile[1] +
-                                             t.tile[2];
+    int64_t entries = 0;
+    for (int a = 0; a < 3; ++a) {
+      t.f_table[a] = entries;
+      entries += !t.disjoint && t.tiles > 1 ? t.box[a] : 0;
+    }
+    for (int a = 0; a < 3; ++a) {
+      t.first_table[a] = entries;
+      entries += t.disjoint ? 0 : t.tile[a];
+    }
     t.table_bytes = ceil_div<int64_t>(entries * (t.index32 ? 4 : 8), 16) * 16;
     t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes + t.table_bytes;
     return t;
@@ -1163,14 +1171,9 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.cell_bytes = static_cast<int>(c.cell_bytes);
   p.box_cells = static_cast<int>(c.box_cells);
   p.mask_bytes = static_cast<int>(c.mask_bytes);
-  int entries = 0;
   for (int a = 0; a < 3; ++a) {
-    p.f_table[a] = entries;
-    entries += !c.disjoint && c.tiles > 1 ? static_cast<int>(c.box[a]) : 0;
-  }
-  for (int a = 0; a < 3; ++a) {
-    p.first_table[a] = entries;
-    entries += c.disjoint ? 0 : static_cast<int>(c.tile[a]);
+    p.f_table[a] = static_cast<int>(c.f_table[a]);
+    p.first_table[a] = static_cast<int>(c.first_table[a]);
   }
   p.bits_log2 = __builtin_ctz(static_cast<unsigned>(c.bits));
   p.passes = static_cast<int>(c.passes);
