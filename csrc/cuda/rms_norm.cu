@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       }
     }
     const auto add_dw = [&](int j) {
-      if constexpr (!kFewRows && kSlotG > 1) {
+      if constexpr (kSlotG > 1) {
 #pragma unroll
         for (int c = 0; c < V / kSlotG; ++c) {
           auto* p = reinterpret_cast<cuda::Vec<AccT, kSlotG>*>(acc + slot_index(j * V + c * kSlotG, threadIdx.x));
