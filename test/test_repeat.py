@@ -24,6 +24,8 @@ CASES = [
     ((2, 3, 8, 8), (1, 1, 2, 2)),
     ((16, 16), (3, 1, 1)),
     ((1, 2, 3, 1, 2), (2, 1, 2, 3, 1, 2)),
+    ((3, 2, 6), (2, 1, 3)),  # a 6-element run: 4-byte vectors (16-bit), 8-byte (32-bit), 16-byte (64-bit)
+    ((2, 5, 12), (1, 2, 2)),  # a 12-element run: 8-byte vectors (16-bit), 16-byte (32-bit)
 ]
 
 ALL_DTYPES = FLOAT_DTYPES + (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex128)
@@ -248,6 +250,22 @@ def test_device_mismatch_cuda():
     x = torch.randn(3, 4, device="cuda")
     with pytest.raises(ValueError, match=r"baracuda::repeat: out is on cpu, expected cuda:0"):
         torch.ops.baracuda.repeat.out(x, [2, 2], out=torch.empty(6, 8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape,repeats,dtype,width", [
+    ((4, 20), (1, 2), torch.bfloat16, "8B"),  # 40-byte runs: 8-byte vectors
+    ((5, 6), (2, 3), torch.bfloat16, "4B"),
+    ((5, 6), (2, 3), torch.float32, "8B"),
+    ((5, 3), (2, 3), torch.float32, "4B"),  # odd runs: one element
+    ((5, 8), (2, 3), torch.float32, "16B"),
+])
+def test_cuda_vector_width_is_the_widest_dividing_the_run(shape, repeats, dtype, width):
+    fwd = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor(shape, repeats, dtype, "cuda"))
+    bwd = baracuda_ops.RepeatBackwardPlan.select(baracuda_ops.RepeatBackwardDescriptor(shape, repeats, dtype, "cuda"))
+    assert f"<{width}," in fwd.sku().variant and f"<{width}," in bwd.sku().variant
+    x = random(shape, dtype, "cuda")
+    assert torch.equal(torch.ops.baracuda.repeat(x, list(repeats)), x.repeat(*repeats))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (uses ~9 GB)")

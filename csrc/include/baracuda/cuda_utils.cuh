@@ -87,6 +87,8 @@ __device__ __forceinline__ AccT raw_elem(const RawVec<T, N>& raw, int i) {
 template <int Bytes>
 struct WordOf;
 template <>
+struct WordOf<1> { using type = unsigned char; };
+template <>
 struct WordOf<2> { using type = unsigned short; };
 template <>
 struct WordOf<4> { using type = unsigned int; };
@@ -110,6 +112,19 @@ __device__ __forceinline__ void store_vec_streaming(T* p, const Vec<T, N>& v) {
   W w;
   memcpy(&w, &v, sizeof(w));
   __stcs(reinterpret_cast<W*>(p), w);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ RawVec<T, N> load_raw_streaming(const T* p) {
+  const auto v = load_vec_streaming<T, N>(p);
+  RawVec<T, N> raw;
+  memcpy(&raw, &v, sizeof(raw));
+  return raw;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_streaming(T* p, const T& v) {
+  store_vec_streaming<T, 1>(p, Vec<T, 1>{{v}});
 }
 
 inline bool is_aligned(const void* p, size_t bytes) {
