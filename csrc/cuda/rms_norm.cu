@@ -422,6 +422,12 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int stage
 //   ss = sum_i x_i^2 (acc_t, this thread's vectors in order, then row_sum)
 //   rstd = 1 / sqrt(ss / N + eps);  y_i = T(x_i * rstd * w_i)
 // x is read once (kept in registers between the two steps); rstd written by u == 0.
+// kStreamRow: where the weight's vectors are 32 bytes (a float32 weight with a half
+// input; not staged, read from L2 for every row), x is loaded and y stored with
+// streaming hints (evict first), which keeps the weight in L2: [2048, 65536] bf16
+// 0.2057 -> 0.2002 ms, [4096, 32768] 0.1864 -> 0.1827 (same machine). With a
+// staged weight they were slower (float32 [2048, 65536] 0.3715 -> 0.3849, bf16
+// 0.1886 -> 0.1930), as they were in the backward (up to 10% at long rows).
 // stage_w: the thread's w vectors in shared memory (staged_weight).
 
 template <typename T, typename W, typename AccT, int V, int Vpt, bool kFewRows = (Vpt < kVpt)>
@@ -435,6 +441,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
   const int nv = N / V;
   const auto weight_at = staged_weight<kFewRows, false, false, AccT, W, V, Vpt>(w, stage_w ? Vpt : 0, rms_smem, L, nv);
+  constexpr bool kStreamRow = sizeof(W) * V == 32;
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
     const int64_t row = base + L.g;
@@ -443,7 +450,10 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
-      if (live && q < nv) xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
+      if (live && q < nv) {
+        const T* from = x + row * N + int64_t(q) * V;
+        xv[j] = kStreamRow ? cuda::load_raw_streaming<T, V>(from) : cuda::load_raw<T, V>(from);
+      }
     }
     const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
     // Few rows (latency-bound): w is loaded with x, so its latency does not follow
@@ -482,7 +492,11 @@ __global__ void __launch_bounds__(kMaxThreads)
         cuda::Vec<T, V> out;
 #pragma unroll
         for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(x_at(j, i) * r * wv[i]);
-        cuda::store_vec<T, V>(y + row * N + int64_t(q) * V, out);
+        if constexpr (kStreamRow) {
+          cuda::store_vec_streaming<T, V>(y + row * N + int64_t(q) * V, out);
+        } else {
+          cuda::store_vec<T, V>(y + row * N + int64_t(q) * V, out);
+        }
       }
     }
   }
