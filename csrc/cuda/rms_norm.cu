@@ -364,6 +364,11 @@ __device__ __forceinline__ void read_staged_weight(const cuda::Vec<W, kChunkElem
 // vectors): the last vector is held in registers for all rows instead (8 floats;
 // [2048, 65536] bf16 with a float32 weight 0.3486 -> 0.3389 ms) and at most Vpt - 1
 // are staged.
+// Whether a backward launch holds its last weight vector in registers (kHoldLast):
+// rows of a cluster (two CTAs per SM) with 32-byte weight vectors. Shared by the
+// kernel and staged_weight_vectors, which then stages at most Vpt - 1.
+constexpr bool holds_last_weight(bool cluster_rows, int64_t w_vec_bytes) { return cluster_rows && w_vec_bytes == 32; }
+
 template <bool kFewRows, bool kPartial, bool kHoldLast, typename AccT, typename W, int V, int Vpt>
 __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int staged, unsigned char* smem,
                                               const RowLayout& L, int nv) {
@@ -551,7 +556,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 #pragma unroll
     for (int k = 0; k < Vpt * V; ++k) dw_sum(k) = AccT(0);
   }
-  const auto weight_at = staged_weight<kFewRows, true, kClusterRows && sizeof(W) * V == 32, AccT, W, V, Vpt>(
+  const auto weight_at = staged_weight<kFewRows, true, holds_last_weight(kClusterRows, sizeof(W) * V), AccT, W, V, Vpt>(
       w, staged_w, rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0), L, nv);
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
@@ -817,9 +822,7 @@ int staged_weight_vectors(void (*kernel)(Args...), const RmsChoice& c, bool back
   const bool partial = backward && w_vec_bytes == 32;
   if (!weighted || (w_vec_bytes != 16 && !partial) || c.looped || c.few_rows || c.vpt < kVpt) return 0;
   const int64_t resident = cuda::resident_groups(kernel, c.block, c.cluster, c.smem);
-  // The backward's cluster rows (two CTAs per SM) hold their last 32-byte vector in
-  // registers (staged_weight's kHoldLast).
-  const int most = partial && c.ctas_per_sm == 2 ? c.vpt - 1 : c.vpt;
+  const int most = backward && holds_last_weight(c.ctas_per_sm == 2, w_vec_bytes) ? c.vpt - 1 : c.vpt;
   for (int n = most; n > 0 && (n == c.vpt || partial); --n) {
     const int64_t bytes = int64_t(c.block) * n * w_vec_bytes;
     if (c.smem + bytes <= max_smem_optin() &&
