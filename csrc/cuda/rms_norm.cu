@@ -67,7 +67,6 @@ constexpr int kMaxCluster = 8;       // portable thread-block cluster size
 constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
 constexpr int kReduceCols = 32;      // dW sum: columns per CTA
 constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
-constexpr int kReduceUnroll = 16;    // dW sum: partial rows a thread loads before adding them
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of (M, N, dtype, device), used by the
@@ -794,9 +793,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
   const int64_t col = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
   AccT s = 0;
   if (col < N) {
-    // kReduceUnroll loads in flight before their adds (same order): the partials come
-    // from L2, one latency per batch (was 4 a batch, nvcc's default).
-#pragma unroll kReduceUnroll
     for (int64_t p = threadIdx.y; p < P; p += kReduceSlices) s += partials[p * N + col];
   }
   part[threadIdx.y][threadIdx.x] = s;
