@@ -352,6 +352,11 @@ __device__ __forceinline__ void read_staged_weight(const cuda::Vec<W, kChunkElem
   }
 }
 
+// Whether a backward launch holds its last weight vector in registers (kHoldLast):
+// rows of a cluster (two CTAs per SM) with 32-byte weight vectors. Shared by the
+// kernel and staged_weight_vectors, which then stages at most Vpt - 1.
+constexpr bool holds_last_weight(bool cluster_rows, int64_t w_vec_bytes) { return cluster_rows && w_vec_bytes == 32; }
+
 // The weight of the register kernels' rows: weight_at(j, q, wv) sets wv to w[q * V
 // .. q * V + V), this thread's vector j. A thread's columns are the same for every
 // row it visits, so (not in the few-rows launches) it copies its first `staged`
@@ -364,11 +369,6 @@ __device__ __forceinline__ void read_staged_weight(const cuda::Vec<W, kChunkElem
 // vectors): the last vector is held in registers for all rows instead (8 floats;
 // [2048, 65536] bf16 with a float32 weight 0.3486 -> 0.3389 ms) and at most Vpt - 1
 // are staged.
-// Whether a backward launch holds its last weight vector in registers (kHoldLast):
-// rows of a cluster (two CTAs per SM) with 32-byte weight vectors. Shared by the
-// kernel and staged_weight_vectors, which then stages at most Vpt - 1.
-constexpr bool holds_last_weight(bool cluster_rows, int64_t w_vec_bytes) { return cluster_rows && w_vec_bytes == 32; }
-
 template <bool kFewRows, bool kPartial, bool kHoldLast, typename AccT, typename W, int V, int Vpt>
 __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int staged, unsigned char* smem,
                                               const RowLayout& L, int nv) {
