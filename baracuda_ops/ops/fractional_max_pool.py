@@ -272,9 +272,10 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     ``tile_masks<i32|i64,B bits,P passes>+stray_fixup``: each block writes one tile of a
     plane. Each output cell whose window can reach the tile sets, in a B-bit field of
     the element its index names, the bit of its place among the cells that can reach
-    that element; then each element adds the gradients its bits name in increasing
-    output-cell order, as the CPU kernel does (the results are bit-identical). More than
-    32 such places take P passes. ``tile_stores<i32|i64>+stray_fixup`` when the windows
+    that element, and the first to reach an element stores its gradient there; an element
+    of two contributions then adds the second (either order gives the same sum), one of
+    more is summed again from zero in increasing output-cell order, as the CPU kernel
+    adds (the results are bit-identical). More than 32 such places take P passes. ``tile_stores<i32|i64>+stray_fixup`` when the windows
     are disjoint (kernel size <= stride on every axis): each cell stores its gradient, a
     shared-memory bitmap marking the elements already written; a second contribution to
     an element is added after the stores. The workspace is one int32 flag per tile

@@ -35,8 +35,8 @@ constexpr int kCellsPerThread = 8;       // backward: output cells a thread hold
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
-// Backward, overlapping windows: bits of a tile element's index in the leaders' queue
-// entries, which pack it with a box place. A tile holds at most kTileBytes / 4
+// Backward, overlapping windows: bits of a tile element's index in the entries of the
+// contributors' lists, which pack it with a box place. A tile holds at most kTileBytes / 4
 // elements, and a box cell takes 8 shared bytes of the at most 227 KB of a block.
 constexpr int kSlotBits = 15;
 static_assert(kTileBytes / 4 <= (int64_t(1) << kSlotBits) && 227 * 1024 / 8 <= (int64_t(1) << (32 - kSlotBits)));
@@ -712,17 +712,19 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 //
 // Overlapping windows (tile_masks). Each element of the tile has a field of `bits`
 // (>= S_T * S_H * S_W, a power of 2, <= 32) bits in shared memory. A regular cell
-// whose index e falls in the tile sets the bit of its slot code in e's field (integer
-// atomicOr: the result does not depend on the order) and stages its dy and its
-// (element, code) in shared memory. After a barrier the LEADER of each element, the
-// cell of its lowest set bit, adds to the accumulator the staged dy of the cells the
-// set bits name, in increasing code order, that is increasing o as PyTorch's CPU
-// kernel adds them (so CUDA and CPU results are bit-identical). Most elements have one
-// contribution and their leader adds its own dy; leaders of several are queued per warp
-// and summed after its sweep (the box place of a code comes from a table of the pass's
-// 32 codes). More than 32 codes take passes of
-// 32 (pass p: codes [32p, 32p + 32)), the accumulator carrying the sums between
-// passes. Bit-identical run to run.
+// whose index e falls in the tile stages its dy and sets the bit of its slot code in
+// e's field (integer atomicOr), which returns how many contributions e had before it:
+// the first stores 0 + dy into e's accumulator; the second enters list A, the third
+// list B (both in shared memory), later ones nothing. After a barrier, if e has
+// exactly two contributions its list A entry adds its dy to the first's (either order
+// gives the same sum, -0 included); with three or more its list B entry recomputes e
+// from 0, adding the staged dy of the cells its set bits name in increasing code
+// order, that is increasing o as PyTorch's CPU kernel adds them (so CUDA and CPU
+// results are bit-identical; the box place of a code comes from a table of the pass's
+// 32 codes). More than 32 codes take passes of 32 (pass p: codes [32p, 32p + 32)),
+// the accumulator carrying the sums between passes; there the earlier passes' sum
+// counts as the first contribution (a pass's first cell enters list A, its second
+// list B, which starts from the carried sum). Bit-identical run to run.
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
@@ -887,14 +889,14 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   using store_t = std::conditional_t<Disjoint, scalar_t, acc_t>;  // the accumulator's elements
   store_t* const acc = reinterpret_cast<store_t*>(fmp_smem);        // per element (+ alignment slack)
   acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);    // tile_masks: per box cell
-  uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: per box cell
+  uint32_t* const lists = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: two lists of box cells
+  __shared__ int list_count[2];  // tile_masks: entries of the second and third contributors' lists
   uint32_t* const masks = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
   IndexT* const tables = reinterpret_cast<IndexT*>(fmp_smem + p.acc_bytes + p.cell_bytes + p.mask_bytes);
   __shared__ IndexT code_offset[32];  // tile_masks: fmp_code_offset of the pass's 32 codes
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(store_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
-  constexpr uint32_t kNoTarget = ~0u;  // targets[q]: (slot << 5) | (code - pass base), or none
   const auto& ax = p.axis;
   const uint32_t field_mask = p.bits_log2 == 5 ? ~0u : (1u << (1 << p.bits_log2)) - 1;
   auto field = [&](uint32_t slot) {
@@ -914,6 +916,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
     if (threadIdx.x == 0) later_count = 0;
+    if (threadIdx.x < 2) list_count[threadIdx.x] = 0;
     zero(fmp_smem, p.acc_bytes);
     zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
     if constexpr (!Disjoint) {  // the tile's tables
@@ -958,10 +961,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
           if (q >= t.ncells) continue;
           IndexT place[3];
-          if (!fmp_box_cell<Dims>(p, t, q, place)) {  // the cell again (cheaper than holding it)
-            if (!Disjoint) targets[q] = kNoTarget;  // a place past the tile's cells
-            continue;
-          }
+          if (!fmp_box_cell<Dims>(p, t, q, place)) continue;  // the cell again (cheaper than holding it)
           const int64_t e = target[j];
           bool regular = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
           const IndexT slot = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
@@ -1003,10 +1003,20 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
               acct[slot] = static_cast<store_t>(acc_t(0) + static_cast<acc_t>(grad[j]));  // 0 + (-0) = +0
             }
           } else {
-            const bool now = mine && code >= code_base && code - code_base < 32;
             if (pass == 0) dys[q] = static_cast<acc_t>(grad[j]);
-            targets[q] = now ? (uint32_t(slot) << 5) | uint32_t(code - code_base) : kNoTarget;
-            if (now) atomicOr(word, 1u << (at + int(code - code_base)));
+            if (mine && code >= code_base && code - code_base < 32) {
+              const int bit = int(code - code_base);
+              // Contributions to the element before this one (the earlier passes' sum counts as one).
+              const int before = __popc((atomicOr(word, 1u << (at + bit)) >> at) & field_mask) + (pass > 0);
+              if (before == 0) {
+                acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0
+              } else if (before == 1) {
+                lists[atomicAdd(&list_count[0], 1)] = (uint32_t(q) << kSlotBits) | uint32_t(slot);
+              } else if (before == 2) {  // the cell at offset 0 on every axis, for the ordered sum
+                lists[p.box_cells - 1 - atomicAdd(&list_count[1], 1)] =
+                    (uint32_t(q - code_offset[bit]) << kSlotBits) | uint32_t(slot);
+              }
+            }
           }
         }
       }
@@ -1032,45 +1042,24 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
         }
         break;
       }
-      // The leaders add their element's cells. A leader of one cell adds its dy at
-      // once; the others are queued per warp and summed after the warp's sweep, 32
-      // at a time, so that a warp does not wait for its longest sum at every step.
-      // The queue overwrites the warp's own entries of `targets`, all read by then:
-      // entry j at place warp_place(j), the j-th place the warp swept.
-      const int lane = threadIdx.x & 31;
-      const auto warp_place = [&](int j) { return IndexT(threadIdx.x - lane) + IndexT(j >> 5) * kBwdThreads + (j & 31); };
-      int queued = 0;  // the same in every lane of the warp
-      for (IndexT q0 = threadIdx.x - lane; q0 < t.ncells; q0 += kBwdThreads) {
-        const IndexT q = q0 + lane;
-        const uint32_t target_q = q < t.ncells ? targets[q] : kNoTarget;
-        const uint32_t slot = target_q >> 5;
-        uint32_t f = 0;
-        bool leader = false;
-        if (target_q != kNoTarget) {
-          f = field(slot);
-          leader = __ffs(f) - 1 == int(target_q & 31);
-        }
-        const bool alone = (f & (f - 1)) == 0;
-        if (leader && alone) acct[slot] += dys[q];
-        const uint32_t queue = __ballot_sync(~0u, leader && !alone);
-        __syncwarp();  // every lane has read its target
-        if (leader && !alone) {
-          targets[warp_place(queued + __popc(queue & ((1u << lane) - 1)))] = (uint32_t(q) << kSlotBits) | slot;
-        }
-        queued += __popc(queue);
+      // Two contributions: the second adds its dy (either order gives the same sum).
+      // More: the cell that made the third recomputes the element in code order.
+      constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1;
+      for (int i = threadIdx.x; i < list_count[0]; i += kBwdThreads) {
+        const uint32_t slot = lists[i] & kSlotMask;
+        if (__popc(field(slot)) + (pass > 0) == 2) acct[slot] += dys[lists[i] >> kSlotBits];
       }
-      __syncwarp();  // the queue is written
-      for (int j = lane; j < queued; j += 32) {
-        const uint32_t entry = targets[warp_place(j)];
-        const uint32_t slot = entry & ((1u << kSlotBits) - 1);
-        uint32_t f = field(slot);
-        const IndexT base = IndexT(entry >> kSlotBits) - code_offset[__ffs(f) - 1];  // the cell at offset 0
-        acc_t sum = acct[slot];
-        for (; f != 0; f &= f - 1) sum += dys[base + code_offset[__ffs(f) - 1]];
+      for (int i = threadIdx.x; i < list_count[1]; i += kBwdThreads) {
+        const uint32_t entry = lists[p.box_cells - 1 - i];
+        const uint32_t slot = entry & kSlotMask;
+        const IndexT base = IndexT(entry >> kSlotBits);
+        acc_t sum = pass > 0 ? static_cast<acc_t>(acct[slot]) : acc_t(0);
+        for (uint32_t f = field(slot); f != 0; f &= f - 1) sum += dys[base + code_offset[__ffs(f) - 1]];
         acct[slot] = sum;
       }
       __syncthreads();  // sums added; fields read
       if (pass + 1 < p.passes) {
+        if (threadIdx.x < 2) list_count[threadIdx.x] = 0;
         zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
         tabulate_codes(code_base + 32);
         __syncthreads();
