@@ -275,10 +275,11 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     that element, and the first to reach an element stores its gradient there; an element
     of two contributions then adds the second (either order gives the same sum), one of
     more is summed again from zero in increasing output-cell order, as the CPU kernel
-    adds (the results are bit-identical). More than 32 such places take P passes. ``tile_stores<i32|i64>+stray_fixup`` when the windows
-    are disjoint (kernel size <= stride on every axis): each cell stores its gradient, a
-    shared-memory bitmap marking the elements already written; a second contribution to
-    an element is added after the stores. The workspace is one int32 flag per tile
+    adds (the results are bit-identical). More than 32 such places take P passes.
+    ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size <=
+    stride on every axis): each cell stores its gradient, a shared-memory bitmap marking
+    the elements already written; a second contribution to an element is added after the
+    stores. The workspace is one int32 flag per tile
     (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index outside its
     cell's window (indices not made by the forward) or, in ``tile_stores``, a third
     contribution to one element: such planes are recomputed by an ordered full scan.
