@@ -1046,8 +1046,9 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       // More: the cell that made the third recomputes the element in code order.
       constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1;
       for (int i = threadIdx.x; i < list_count[0]; i += kBwdThreads) {
-        const uint32_t slot = lists[i] & kSlotMask;
-        if (__popc(field(slot)) + (pass > 0) == 2) acct[slot] += dys[lists[i] >> kSlotBits];
+        const uint32_t entry = lists[i];
+        const uint32_t slot = entry & kSlotMask;
+        if (__popc(field(slot)) + (pass > 0) == 2) acct[slot] += dys[entry >> kSlotBits];
       }
       for (int i = threadIdx.x; i < list_count[1]; i += kBwdThreads) {
         const uint32_t entry = lists[p.box_cells - 1 - i];
