@@ -299,11 +299,12 @@ def test_backward_sweep_and_mask_passes(device, dims, dtype):
 def test_backward_tiles_load_fewest_cells_then_smallest(device):
     # The tile chooser (CUDA): past the first tile that fits, a smaller one that loads
     # no more cells per element wins (more blocks per SM). 32 T-slices of 64 x 64 with
-    # 2 x 2 x 2 windows to 16: float32 tiles of 3 slices (11 a plane) load 3 cells per 3
-    # slices, as 4 slices load 4; bfloat16 keeps 8 slices (6 cells; 6 slices load 5).
+    # 2 x 2 x 2 windows to 15 (stride 30 / 14 along T, not an integer: tile_stores, not
+    # owned boxes): float32 tiles of 3 slices (11 a plane) load 3 cells along T, as 4
+    # slices load 4; bfloat16 keeps 8 slices (5 cells; 6 slices load 5 too).
     if device.type != "cuda":
         pytest.skip("the tiles are the CUDA kernel's")
-    shape, k, out = (1, 4, 32, 64, 64), (2, 2, 2), (16, 32, 32)
+    shape, k, out = (1, 4, 32, 64, 64), (2, 2, 2), (15, 32, 32)
     for dtype, tiles in ((torch.float32, 11), (torch.bfloat16, 4)):
         assert _backward_plan(3, shape, k, out, dtype, device).workspace_size() == 4 * tiles * 4, dtype
 
@@ -365,13 +366,14 @@ def test_backward_forward_indices_take_no_full_scan(device, dims):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
-    # Disjoint windows (k <= stride) take the one-store-per-element kernel on CUDA (its
-    # tile holds float64 sums, or bfloat16 values added in float32 and rounded once). Indices
+    # Disjoint windows (k <= stride, here not an integer stride: 15 / 7 and 7 / 3) take
+    # the one-store-per-element tile kernel on CUDA (its tile holds float64 sums, or
+    # bfloat16 values added in float32 and rounded once). Indices
     # that stay within reach of their cells but send 2, 3 or all 2^dims cells around the
     # element at coordinates (1, ..., 1) to it: a second contribution is added after the
     # stores, a third sends the plane to the ordered full scan (its flag is set). Every
     # plane equals the CPU kernel's result.
-    shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
+    shape, k, out = ((2, 3, 17, 17), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 9, 9, 9), (2, 2, 2), (4, 4, 4))
     x = random(shape, dtype, device)
     _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
     i = i.clone()
@@ -394,6 +396,89 @@ def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
         scanned = torch.zeros(shape[:2], dtype=torch.int32)  # one tile per plane
         scanned[0, 1] = scanned[1, 1] = 1
         assert torch.equal(flags.cpu(), scanned.flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_owned_boxes_movers_and_strays(device, dims, dtype):
+    # An integer stride (14 / 7 = 2 = k) takes the owned-boxes kernel on CUDA: each cell
+    # writes its 2^dims box. Indices sent from the cells around the element at (1, ...,
+    # 1) to it (2, 3 or 2^dims of them) are MOVERS (outside their box, within reach):
+    # only that element is recomputed, in cell order (flag 2, no full scan). An index
+    # outside every reach (plane (1, 0)) is a stray: flag 1, the plane's full scan.
+    # Every plane equals the CPU kernel's result.
+    shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
+    x = random(shape, dtype, device)
+    _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+    i = i.clone()
+    spatial = shape[-dims:]
+    target = sum(math.prod(spatial[a + 1:]) for a in range(dims))  # the element at (1, ..., 1)
+    corner = [tuple((c >> a) & 1 for a in range(dims)) for c in range(2 ** dims)]  # cells 0 / 1 per axis
+    for plane, crowd in (((0, 0), 2), ((0, 1), 3), ((1, 1), 2 ** dims)):
+        for cell in corner[:crowd]:
+            i[plane][cell] = target
+    i[1][0][(0,) * dims] = math.prod(spatial) - 1  # the last element: a stray
+    g = random(i.shape, dtype, device)
+    dx = _bw(dims)(g, x, list(k), list(out), i)
+    assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
+    assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
+    if device.type == "cuda":
+        plan = _backward_plan(dims, shape, k, out, dtype, device)
+        assert plan.sku().variant == "owned_boxes<i32>+stray_fixup"
+        dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
+        assert torch.equal(dx2, dx)
+        expected = torch.zeros(shape[:2], dtype=torch.int32)  # one block per plane
+        expected[0, 0] = expected[0, 1] = expected[1, 1] = 2
+        expected[1, 0] = 1
+        assert torch.equal(flags.cpu(), expected.flatten())
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_owned_boxes_moved_starts(device, dims):
+    # float32 samples of 1 - 2^-24 make c + u round up to c + 1, so the forward moves
+    # every window but the first and last by one element (PyTorch's formula): a cell
+    # whose max is its window's last element names the next box's first element. Those
+    # movers are recomputed without the full scan (no flag 1), equal to the CPU kernel.
+    shape, k, out = ((2, 3, 112, 112), (2, 2), (56, 56)) if dims == 2 else ((1, 3, 16, 32, 32), (2, 2, 2), (8, 16, 16))
+    x = random(shape, torch.float32, device)
+    s = torch.full((shape[0], shape[1], dims), 1 - 2.0 ** -24, dtype=torch.float32, device=device)
+    _, i = _fw(dims)(x, list(k), list(out), s)
+    assert torch.equal(i, _torch(dims, x, k, out, s)[1])
+    g = random(i.shape, torch.float32, device)
+    dx = _bw(dims)(g, x, list(k), list(out), i)
+    assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
+    if device.type == "cuda":
+        _, flags = _backward_with_flags(dims, g, x, k, out, i)
+        assert int((flags & 1).count_nonzero()) == 0 and int((flags == 2).count_nonzero()) > 0
+
+
+@pytest.mark.parametrize("dims, shape, k, out, variant", [
+    (2, (1, 3, 23, 22), (2, 2), (8, 11), "owned_boxes"),           # stride 3 > k along H: boxes with a gap row
+    (2, (2, 2, 24, 24), (3, 2), (8, 12), "owned_boxes"),           # stride 3 = k along H
+    (2, (1, 2, 30, 16), (2, 2), (8, 8), "owned_boxes"),            # stride 4 along H
+    (3, (1, 2, 11, 14, 8), (2, 2, 2), (4, 5, 4), "owned_boxes"),   # strides 3, 3, 2
+    (3, (1, 2, 3, 10, 10), (3, 2, 2), (1, 5, 5), "owned_boxes"),   # one cell along T: its box is the whole axis
+    (2, (1, 3, 23, 23), (2, 2), (8, 8), "tile_stores"),            # stride 3 along W: rows of 3, the tiles
+])
+def test_backward_owned_boxes_strides(device, dims, shape, k, out, variant):
+    # Integer strides from k to 4 (owned boxes on CUDA when the boxes are 2 wide along
+    # W), forward indices, and dx written at the buffer's start and one or two elements
+    # past it (box rows stored as 4-, 2- or 1-element pieces): equal to the CPU kernel.
+    for dtype in (torch.float32, torch.bfloat16):
+        x = random(shape, dtype, device)
+        _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+        g = random(i.shape, dtype, device)
+        cpu = _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())
+        assert torch.equal(_bw(dims)(g, x, list(k), list(out), i).cpu(), cpu)
+        plan = _backward_plan(dims, shape, k, out, dtype, device)
+        ws = torch.empty(plan.workspace_size(), dtype=torch.uint8, device=device)
+        for offset in (1, 2):
+            buffer = poison(torch.empty(x.numel() + offset, dtype=dtype, device=device))
+            dx = buffer[offset:].view(shape)
+            _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx, workspace=ws)
+            assert torch.equal(dx.cpu(), cpu), offset
+        if device.type == "cuda":
+            assert plan.sku().variant == f"{variant}<i32>+stray_fixup"
 
 
 @pytest.mark.parametrize("dims", [2, 3])

@@ -15,6 +15,7 @@ differs from increasing ``o`` only for inputs picked by three or more cells.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
@@ -279,10 +280,16 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size <=
     stride on every axis): each cell stores its gradient, a shared-memory bitmap marking
     the elements already written; a second contribution to an element is added after the
-    stores. The workspace is one int32 flag per tile
-    (``planes * tiles_per_plane * 4`` bytes), set when a tile sees an index outside its
-    cell's window (indices not made by the forward) or, in ``tile_stores``, a third
-    contribution to one element: such planes are recomputed by an ordered full scan.
+    stores. ``owned_boxes<i32|i64>+stray_fixup`` when the stride is an integer from the
+    kernel size to 4 on every axis, and 2 (= the kernel size) along W: the boxes of
+    ``stride`` elements per axis that start at each cell's window partition the plane,
+    and each cell writes its box whole (its gradient at its index, zeros elsewhere; no
+    shared memory, no atomics). The workspace is one int32 flag per tile (per block of
+    1024 cells for ``owned_boxes``; ``planes * tiles_per_plane * 4`` bytes), set when a
+    tile sees an index outside its cell's window (indices not made by the forward) or, in
+    ``tile_stores``, a third contribution to one element: such planes are recomputed by
+    an ordered full scan. In ``owned_boxes`` an index moved into a neighbouring box by
+    float rounding of the window start only has its element summed again, in order.
     """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:
@@ -361,25 +368,41 @@ def self_checks():
 
     # (shape, kernel, output): each CUDA backward variant: overlapping windows (2d: one
     # pass of 16-bit masks; 3d: 80 slot codes, three passes), a plane split in two tiles,
-    # disjoint windows
+    # disjoint windows of a stride that is not an integer (tiles), integer strides (owned
+    # boxes: 2 = k, pairs along W; 3 > k, scalar stores). Each with forward indices, then
+    # with one of the first plane's pointing at its last element (a stray: the full scan);
+    # float32 also with samples of 1 - 2^-24, which move windows (owned boxes' movers).
     backward_problems = {
         2: [((2, 3, 23, 19), (3, 3), (12, 10)), ((1, 2, 150, 130), (4, 3), (60, 90)),
-            ((2, 3, 24, 18), (2, 2), (12, 9))],
-        3: [((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((2, 3, 8, 10, 12), (2, 2, 2), (4, 5, 6))],
+            ((2, 3, 25, 19), (2, 2), (11, 8)), ((2, 3, 24, 18), (2, 2), (12, 9)), ((1, 3, 23, 23), (2, 2), (8, 8))],
+        3: [((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((2, 3, 9, 11, 10), (2, 2, 2), (4, 5, 4)),
+            ((2, 3, 8, 10, 12), (2, 2, 2), (4, 5, 6))],
     }
 
     def backward(dims, dtype):
         def run(device):
-            for shape, k, out in backward_problems[dims]:
+            moved = [1 - 2.0**-24] if dtype == torch.float32 else []
+            for (shape, k, out), u, stray in itertools.product(backward_problems[dims], [None] + moved, (False, True)):
                 x = torch.randn(shape, device=device).to(dtype)
-                s = torch.rand(shape[0], shape[1], dims, device=device).to(dtype)
+                s = torch.rand(shape[0], shape[1], dims, device=device).to(dtype) if u is None else (
+                    torch.full((shape[0], shape[1], dims), u, device=device, dtype=dtype))
                 y, i = _functional(dims, x, k, out, None, True, s)
+                if stray:
+                    i.view(-1)[0] = math.prod(shape[-dims:]) - 1
                 g = torch.randn_like(y)
-                ours = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")(g, x, k, out, i)
+                op = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward")
+                ours = op(g, x, k, out, i)
                 ref = torch.zeros(x.shape, dtype=torch.float64, device=device).flatten(-dims)
                 ref.scatter_add_(-1, i.flatten(-dims), g.double().flatten(-dims))
                 tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6)
                 torch.testing.assert_close(ours.double(), ref.view(x.shape), rtol=tol, atol=tol)
+                if not stray and u is None:  # into a buffer one element off 16-byte alignment
+                    plan = FractionalMaxPool2dBackwardPlan if dims == 2 else FractionalMaxPool3dBackwardPlan
+                    desc = plan.descriptor(tuple(shape), k, out, dtype, device)
+                    ws = torch.empty(plan.select(desc).workspace_size(), dtype=torch.uint8, device=device)
+                    dx = torch.empty(x.numel() + 1, dtype=dtype, device=device)[1:].view(x.shape)
+                    op.out(g, x, k, out, i, grad_input=dx, workspace=ws)
+                    assert torch.equal(dx, ours), f"grad_input at an offset != its result at {shape}, k={k}"
 
         return run
 

@@ -32,6 +32,8 @@ constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured s
 constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : dims == 2 ? 5 : 4; }
 constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
+constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a thread writes the boxes of
+constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest integer stride taken
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
@@ -186,6 +188,11 @@ struct FmpBackwardChoice {
   int64_t f_table[3] = {0, 0, 0};      // where those tables of axis a start, in entries
   int64_t first_table[3] = {0, 0, 0};
   int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes + table_bytes
+  // Owned boxes (fmp_backward_boxes_kernel): the integer stride per axis, and the
+  // cells of one block (tiles is then the blocks per plane).
+  bool boxes = false;
+  int64_t stride[3] = {1, 1, 1};
+  int64_t block_cells = 0;
 };
 
 FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
@@ -193,6 +200,22 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   const FmpChoice forward = choose_fmp(g, dtype);
   c.index32 = forward.index32;
   c.disjoint = forward.disjoint;
+  // Owned boxes: alpha = (in - k) / (out - 1) an integer in [k, kMaxBoxStride] on
+  // every axis (an axis of one cell: its box is the whole axis, at most kMaxBoxStride),
+  // 2 = k along W (box rows of 2 elements, stored as vectors: with boxes 3 wide, stored
+  // element by element, the kernel ran 2.4-3.4x slower than the tiles on the H100).
+  c.boxes = c.disjoint && g.k[2] == 2 && g.in[2] == 2 * g.out[2];
+  for (int a = 0; a < 3; ++a) {
+    const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
+    c.stride[a] = B == 0 ? g.in[a] : A / B;
+    c.boxes = c.boxes && (B == 0 || A % B == 0) && g.k[a] <= c.stride[a] && c.stride[a] <= kMaxBoxStride;
+  }
+  if (c.boxes) {
+    const int64_t per_block = int64_t(kThreads) * kBoxCells;
+    c.tiles = ceil_div<int64_t>(g.out_plane(), per_block);
+    c.block_cells = ceil_div<int64_t>(ceil_div<int64_t>(g.out_plane(), c.tiles), 2) * 2;  // even: pairs of cells
+    return c;
+  }
   const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
   const int64_t elem_size = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t vec = 16 / elem_size;
@@ -286,6 +309,7 @@ std::string fmp_variant(const FmpChoice& c, int dims) {
 
 std::string fmp_backward_variant(const FmpBackwardChoice& c) {
   const std::string index = c.index32 ? "i32" : "i64";
+  if (c.boxes) return "owned_boxes<" + index + ">+stray_fixup";
   if (c.disjoint) return "tile_stores<" + index + ">+stray_fixup";
   return "tile_masks<" + index + "," + std::to_string(c.bits) + " bits," + std::to_string(c.passes) +
          (c.passes == 1 ? " pass" : " passes") + ">+stray_fixup";
@@ -1093,22 +1117,202 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   }
 }
 
-// Per plane: if any of its tiles saw a stray, the plane is recomputed by a full
-// ordered scan, dx[e] = sum over o in increasing order with idx[o] == e. A block
-// takes `group` (<= 32) planes at a time: lane j of its first warp reads the flags
-// of plane (first + j), then the block recomputes the flagged ones in turn. The
-// launcher sizes groups so that about 8 blocks per SM share the planes: few blocks
-// read the flags when none is set, and many share the scans when many are.
-// Launched early: it waits for fmp_backward_tile_kernel to end.
+// Backward, owned boxes: disjoint windows whose stride is an integer. When alpha =
+// (in - k) / (out - 1) is an integer a >= k on every axis, f(c) = c * a exactly, and
+// the BOXES [c * a, (c + 1) * a) per axis (the last cell's ending at in; an axis of one
+// cell: all of it) partition the plane. The forward's window of cell c starts at f(c),
+// so its index lies in its box, where no other cell's can:
+//   dx[e] = 0 + dy[o] at e = idx[o], 0 at the other elements of o's box.
+// A block takes a range of cells of one plane (a multiple of 2 cells); a thread takes
+// kBoxCells of them in units of Cells W-adjacent cells (units j, j + kThreads, ...:
+// coalesced dy and idx loads, and stores along W that meet the next thread's) and
+// writes their boxes whole: every element once, no shared memory, no atomics. Cells > 0:
+// the boxes are 2 wide along W (choose_fmp_backward) and a unit's box row, 2 * Cells
+// elements, is one vector store (Cells = 2 needs an even out along W and dx aligned to
+// 4 elements: 3d [8, 32, 32, 64, 64] bfloat16 43.4 -> 42.0 us, 2d [64, 64, 112, 112]
+// 88.2 -> 82.7 on the H100). Cells = 0: dx not aligned to 2 elements, rows stored
+// element by element.
+// Float rounding can move a start by one (c + u rounds up to c + 1 when u is within
+// half an ulp of 1), sending an index to the first element of the next box, or the
+// last of the previous one. Such a cell is a MOVER: its index lies outside its box but
+// among its POSITIONS [c * a - 1, c * a + max(k, a - 1)] (its reach, see
+// fmp_backward_tile_kernel, and its box) on every axis. Its block's flag gets bit 2,
+// and fmp_stray_fixup_kernel recomputes the element it names from every cell whose
+// positions hold it, in increasing o. Any other index outside the box is a stray (flag
+// bit 1: the plane's full scan).
+struct FmpBoxAxis {
+  int64_t in, out, k, stride;
+  __host__ __device__ int64_t reach_hi() const { return k > stride - 1 ? k : stride - 1; }
+  // Cell c's box holds x.
+  __device__ bool boxes(int64_t c, int64_t x) const {
+    return out == 1 ? (x >= 0 && x < in) : (x >= c * stride && x < (c + 1 == out ? in : (c + 1) * stride));
+  }
+  // Cell c's positions hold x.
+  __device__ bool holds(int64_t c, int64_t x) const {
+    return out == 1 ? (x >= 0 && x < in) : (x >= c * stride - 1 && x <= c * stride + reach_hi());
+  }
+  // The cells whose positions hold x (0 <= x < in): [first, last].
+  __device__ int64_t first(int64_t x) const {
+    const int64_t m = x - reach_hi();
+    return out == 1 || m <= 0 ? 0 : (m + stride - 1) / stride;
+  }
+  __device__ int64_t last(int64_t x) const { return out == 1 ? 0 : std::min(out - 1, (x + 1) / stride); }
+};
+
+struct FmpBoxAxes {
+  FmpBoxAxis axis[3];
+  // Plane element e as (t, h, w) (0 <= e < in_plane).
+  __device__ void element(int64_t e, int64_t (&x)[3]) const {
+    x[2] = e % axis[2].in;
+    x[1] = e / axis[2].in % axis[1].in;
+    x[0] = e / axis[2].in / axis[1].in;
+  }
+  // Where the index e of cell (t, h, w) = c lies: 0 in its box, else flag bit 2 (a
+  // mover) or 1 (a stray).
+  __device__ int classify(const int64_t (&c)[3], int64_t e) const {
+    if (e < 0 || e >= axis[0].in * axis[1].in * axis[2].in) return 1;
+    int64_t x[3];
+    element(e, x);
+    bool boxed = true, mover = true;
+    for (int a = 0; a < 3; ++a) {
+      boxed = boxed && axis[a].boxes(c[a], x[a]);
+      mover = mover && axis[a].holds(c[a], x[a]);
+    }
+    return boxed ? 0 : mover ? 2 : 1;
+  }
+  // dx at plane element e: the cells whose positions hold it, in increasing o.
+  template <typename scalar_t, typename acc_t>
+  __device__ acc_t gather(const scalar_t* dyp, const int64_t* ip, int64_t e) const {
+    int64_t x[3];
+    element(e, x);
+    acc_t sum = 0;
+    for (int64_t t = axis[0].first(x[0]); t <= axis[0].last(x[0]); ++t) {
+      for (int64_t h = axis[1].first(x[1]); h <= axis[1].last(x[1]); ++h) {
+        for (int64_t w = axis[2].first(x[2]); w <= axis[2].last(x[2]); ++w) {
+          const int64_t o = (t * axis[1].out + h) * axis[2].out + w;
+          if (ip[o] == e) sum += static_cast<acc_t>(dyp[o]);
+        }
+      }
+    }
+    return sum;
+  }
+};
+
+template <typename IndexT>
+struct FmpBoxParams {
+  FmpBoxAxes g;
+  IntDivider<IndexT> out_w, out_h;
+  IntDivider<IndexT> blocks_per_plane;
+  IndexT block_units, plane_units, out_plane;  // units: Cells W-adjacent cells (fmp_backward_boxes_kernel)
+  int64_t in_plane;
+};
+
+template <typename scalar_t, typename acc_t, typename IndexT, int Dims, int Cells>
+__global__ void __launch_bounds__(kThreads)
+    fmp_backward_boxes_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
+                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBoxParams<IndexT> p) {
+  cuda::start_next_grid();  // fmp_stray_fixup_kernel may take free slots now
+  constexpr int kUnitCells = Cells == 0 ? 1 : Cells;  // cells of a unit: W-adjacent, one box row vector
+  constexpr int kUnits = kBoxCells / kUnitCells;       // units of a thread
+  const auto pb = p.blocks_per_plane.divmod(static_cast<IndexT>(blockIdx.x));
+  const IndexT first = pb.mod * p.block_units;
+  const IndexT end = first + p.block_units < p.plane_units ? first + p.block_units : p.plane_units;
+  const scalar_t* const dyp = dy + int64_t(pb.div) * p.out_plane;
+  const int64_t* const ip = idx + int64_t(pb.div) * p.out_plane;
+  scalar_t* const dxp = dx + int64_t(pb.div) * p.in_plane;
+  const auto& ax = p.g.axis;
+  int64_t target[kUnits][kUnitCells];
+  scalar_t grad[kUnits][kUnitCells];
+#pragma unroll
+  for (int j = 0; j < kUnits; ++j) {
+    const IndexT u = first + IndexT(j * kThreads + threadIdx.x);
+#pragma unroll
+    for (int c = 0; c < kUnitCells; ++c) {
+      target[j][c] = -1;
+      grad[j][c] = scalar_t(0);
+      if (u < end) {
+        target[j][c] = ip[u * kUnitCells + c];
+        grad[j][c] = dyp[u * kUnitCells + c];
+      }
+    }
+  }
+  int flags = 0;
+#pragma unroll
+  for (int j = 0; j < kUnits; ++j) {
+    const IndexT u = first + IndexT(j * kThreads + threadIdx.x);
+    if (u >= end) continue;
+    IndexT c[3];  // the unit's first cell
+    const auto wo = p.out_w.divmod(u * kUnitCells);
+    c[2] = wo.mod;
+    c[1] = wo.div;
+    c[0] = 0;
+    if constexpr (Dims == 3) {
+      const auto ho = p.out_h.divmod(wo.div);
+      c[0] = ho.div;
+      c[1] = ho.mod;
+    }
+    IndexT x0[3], ext[3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      x0[a] = c[a] * IndexT(ax[a].stride);
+      ext[a] = c[a] + 1 == IndexT(ax[a].out) ? IndexT(ax[a].in) - x0[a] : IndexT(ax[a].stride);
+    }
+    scalar_t value[kUnitCells];
+    bool hit[kUnitCells];
+#pragma unroll
+    for (int i = 0; i < kUnitCells; ++i) {
+      value[i] = static_cast<scalar_t>(acc_t(0) + static_cast<acc_t>(grad[j][i]));  // 0 + (-0) = +0
+      hit[i] = false;
+    }
+    for (IndexT dt = 0; dt < ext[0]; ++dt) {
+      for (IndexT dh = 0; dh < ext[1]; ++dh) {
+        const IndexT row = ((x0[0] + dt) * IndexT(ax[1].in) + x0[1] + dh) * IndexT(ax[2].in) + x0[2];
+        if constexpr (Cells > 0) {
+          cuda::Vec<scalar_t, 2 * Cells> out;
+#pragma unroll
+          for (int w = 0; w < 2 * Cells; ++w) {
+            const bool at = int64_t(row + w) == target[j][w / 2];
+            hit[w / 2] = hit[w / 2] || at;
+            out.v[w] = at ? value[w / 2] : scalar_t(0);
+          }
+          cuda::store_vec_streaming<scalar_t, 2 * Cells>(dxp + row, out);
+        } else {
+          for (IndexT w = 0; w < ext[2]; ++w) {
+            const bool at = int64_t(row + w) == target[j][0];
+            hit[0] = hit[0] || at;
+            cuda::store_streaming(dxp + row + w, at ? value[0] : scalar_t(0));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kUnitCells; ++i) {
+      if (!hit[i]) flags |= p.g.classify({int64_t(c[0]), int64_t(c[1]), int64_t(c[2]) + i}, target[j][i]);
+    }
+  }
+  const int stray = __syncthreads_or(flags & 1);
+  const int mover = __syncthreads_or(flags & 2);
+  if (threadIdx.x == 0) strays[blockIdx.x] = (stray ? 1 : 0) | (mover ? 2 : 0);
+}
+
+// Per plane: if any of its blocks saw a stray (flag bit 1), the plane is recomputed by
+// a full ordered scan, dx[e] = sum over o in increasing order with idx[o] == e; else
+// if any saw a mover (bit 2, owned boxes only), the element of each mover's index is
+// recomputed from the cells whose positions hold it (FmpBoxAxes::gather; two movers
+// naming one element write the same sum). A block takes `group` (<= 32) planes at a
+// time: lane j of its first warp reads the flags of plane (first + j), then the block
+// recomputes the flagged ones in turn. The launcher sizes groups so that about 8 blocks
+// per SM share the planes: few blocks read the flags when none is set, and many share
+// the scans when many are. Launched early: it waits for the backward kernel to end.
 constexpr int64_t kFixupBlocksPerSm = 8;
 
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
     fmp_stray_fixup_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                            scalar_t* __restrict__ dx, const int32_t* __restrict__ strays, int64_t planes,
-                           int64_t tiles, int64_t in_plane, int64_t out_plane, int group) {
+                           int64_t tiles, int64_t in_plane, int64_t out_plane, int group, FmpBoxAxes boxes) {
   cuda::wait_for_previous_grid();
-  __shared__ uint32_t flagged;  // bit j: plane first + j needs the scan
+  __shared__ uint32_t scan, movers;  // bit j: plane first + j needs the scan / its movers' elements
   for (int64_t first = int64_t(blockIdx.x) * group; first < planes; first += int64_t(gridDim.x) * group) {
     if (threadIdx.x < 32) {
       const int64_t plane = first + threadIdx.x;
@@ -1116,11 +1320,15 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t j = 0; int(threadIdx.x) < group && plane < planes && j < tiles; ++j) {
         any |= strays[plane * tiles + j];
       }
-      const uint32_t bits = __ballot_sync(0xffffffffu, any != 0);
-      if (threadIdx.x == 0) flagged = bits;
+      const uint32_t scan_bits = __ballot_sync(0xffffffffu, (any & 1) != 0);
+      const uint32_t mover_bits = __ballot_sync(0xffffffffu, any == 2);
+      if (threadIdx.x == 0) {
+        scan = scan_bits;
+        movers = mover_bits;
+      }
     }
     __syncthreads();
-    for (uint32_t bits = flagged; bits != 0; bits &= bits - 1) {
+    for (uint32_t bits = scan; bits != 0; bits &= bits - 1) {
       const int64_t plane = first + __ffs(bits) - 1;
       const scalar_t* dyp = dy + plane * out_plane;
       const int64_t* ip = idx + plane * out_plane;
@@ -1132,8 +1340,56 @@ __global__ void __launch_bounds__(kThreads)
         dx[plane * in_plane + e] = static_cast<scalar_t>(acc);
       }
     }
-    __syncthreads();  // flagged is rewritten for the next planes
+    for (uint32_t bits = movers; bits != 0; bits &= bits - 1) {
+      const int64_t plane = first + __ffs(bits) - 1;
+      const scalar_t* dyp = dy + plane * out_plane;
+      const int64_t* ip = idx + plane * out_plane;
+      const auto& ax = boxes.axis;
+      for (int64_t o = threadIdx.x; o < out_plane; o += kThreads) {
+        const int64_t c[3] = {o / ax[2].out / ax[1].out, o / ax[2].out % ax[1].out, o % ax[2].out};
+        const int64_t e = ip[o];
+        if (boxes.classify(c, e) != 0) {
+          dx[plane * in_plane + e] = static_cast<scalar_t>(boxes.gather<scalar_t, acc_t>(dyp, ip, e));
+        }
+      }
+    }
+    __syncthreads();  // the flags are rewritten for the next planes
   }
+}
+
+FmpBoxAxes fmp_box_axes(const FmpGeometry& g, const FmpBackwardChoice& c) {
+  FmpBoxAxes b;
+  for (int a = 0; a < 3; ++a) b.axis[a] = {g.in[a], g.out[a], g.k[a], c.stride[a]};
+  return b;
+}
+
+template <typename scalar_t, typename IndexT, int Dims>
+void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardChoice& c, const at::Tensor& dy,
+                               const at::Tensor& idx, const at::Tensor& dx, int32_t* strays) {
+  using acc_t = at::opmath_type<scalar_t>;
+  FmpBoxParams<IndexT> p;
+  p.g = fmp_box_axes(g, c);
+  p.out_w = IntDivider<IndexT>(static_cast<IndexT>(g.out[2]));
+  p.out_h = IntDivider<IndexT>(static_cast<IndexT>(g.out[1]));
+  p.blocks_per_plane = IntDivider<IndexT>(static_cast<IndexT>(c.tiles));
+  p.out_plane = static_cast<IndexT>(g.out_plane());
+  p.in_plane = g.in_plane();
+  // Box rows stored as vectors: the boxes are 2 wide along W (in = 2 out there, so every
+  // row starts at an even element); two cells a row when out along W is even (block
+  // ranges hold even counts of cells); dx aligned to the vectors.
+  const void* dxp = dx.const_data_ptr();
+  int cells = cuda::is_aligned(dxp, 2 * sizeof(scalar_t)) ? 1 : 0;
+  constexpr int kTwo = sizeof(scalar_t) <= 4 ? 2 : 1;  // 16-byte vectors at most
+  if (cells == 1 && kTwo == 2 && g.out[2] % 2 == 0 && cuda::is_aligned(dxp, 4 * sizeof(scalar_t))) cells = 2;
+  const int64_t unit = std::max(cells, 1);
+  p.block_units = static_cast<IndexT>(c.block_cells / unit);
+  p.plane_units = static_cast<IndexT>(g.out_plane() / unit);
+  auto kernel = cells == 2 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, kTwo>
+                : cells == 1 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, 1>
+                             : fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, 0>;
+  kernel<<<static_cast<unsigned>(g.planes() * c.tiles), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename scalar_t, typename IndexT, int Dims>
@@ -1174,6 +1430,9 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.passes = static_cast<int>(c.passes);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
+  if (c.boxes) {
+    launch_fmp_backward_boxes<scalar_t, IndexT, Dims>(g, c, dy, idx, dx, strays);
+  } else {
   auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
                            : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
   const int smem = static_cast<int>(c.smem_bytes);
@@ -1187,13 +1446,14 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
                                                dx.mutable_data_ptr<scalar_t>(), strays, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   const int64_t fixup_target = kFixupBlocksPerSm * cuda::num_sms();
   const int group = static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(g.planes(), fixup_target), 1, 32));
   const int64_t fixup_blocks = std::min(ceil_div<int64_t>(g.planes(), group), 2 * fixup_target);
   cuda::launch(fmp_stray_fixup_kernel<scalar_t, acc_t>,
                {.grid = dim3(fixup_blocks), .block = dim3(kThreads), .early = true}, dy.const_data_ptr<scalar_t>(),
                idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays, g.planes(), c.tiles,
-               g.in_plane(), g.out_plane(), group);
+               g.in_plane(), g.out_plane(), group, fmp_box_axes(g, c));
 }
 
 template <int Dims>
