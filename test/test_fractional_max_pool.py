@@ -312,6 +312,7 @@ def test_backward_tiles_load_fewest_cells_then_smallest(device):
 @pytest.mark.parametrize("dims, shape, k, out, dtype", [
     (2, (1, 2, 32768, 32768), 3, 16384, torch.float32),   # 2^31 elements, overlapping windows (tile_masks)
     (3, (1, 1, 1291, 1291, 1291), 2, 645, torch.bfloat16),  # 2.15e9 elements, disjoint windows (tile_stores)
+    (3, (1, 1, 1292, 1292, 1292), 2, 646, torch.bfloat16),  # 2.16e9 elements, stride 2 (owned boxes)
 ])
 def test_64bit_indexing_matches_pytorch(device, dims, shape, k, out, dtype):
     # Planes past 2^31 elements take the CUDA kernels' 64-bit index math (i64 variants);
