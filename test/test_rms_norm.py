@@ -11,7 +11,7 @@ from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opc
 HALF = (torch.float16, torch.bfloat16)
 
 # (input shape, normalized_shape): tiny and odd rows, multi-dim normalized_shape,
-# rows for each CUDA kernel (sub-warp rows, a row per CTA, a few rows of one or two
+# rows for each CUDA kernel (sub-warp rows, a row per CTA, decode rows of one or two
 # vectors per thread, a row per cluster, two passes), rows that are not a multiple of
 # the 16-byte vector, zero-size batch and zero-size rows.
 CASES = [
@@ -102,14 +102,17 @@ def backward_reference(x, ns, w, g):
     return torch.autograd.grad(y, inputs, g.double())
 
 
-# Backward: the cases above, plus decode-like rows (a single long row spread over a
-# cluster, a few rows of a CTA each) and more rows than SMs of a CTA each (on CUDA the
-# weight staged in shared memory where its vectors are 16 bytes; with more than 256
-# threads a row, float32 at 5120 and 16-bit elements at 16384, the dW slots grouped).
+# Backward: the cases above, plus decode-like rows (on CUDA: a CTA each; a single
+# long row spread over a cluster of 8; a few in clusters of 2) and more rows than SMs
+# of a CTA each (on CUDA the weight staged in shared memory where its vectors are 16
+# bytes; with more than 256 threads a row, float32 at 5120 and 16-bit elements at
+# 16384, the dW slots grouped).
 BACKWARD_CASES = [c for c in CASES if c[0] != (1, 300000)] + [
     ((1, 40000), (40000,)),
+    ((1, 32768), (32768,)),
     ((1, 8192), (8192,)),
     ((8, 8192), (8192,)),
+    ((8, 32768), (32768,)),
     ((32, 4096), (4096,)),
     ((200, 4096), (4096,)),
     ((100, 5120), (5120,)),
@@ -136,6 +139,28 @@ def test_backward_matches_float64_autograd(device, shape, ns, dtype):
             rows = max(1, x.numel() // max(1, w.numel()))
             # dw: a sum over the rows in the accumulation type, rounded once.
             assert_close(grads[1], refs[1], dtype=wdt, scale=4 * max(1.0, rows**0.5))
+
+
+@pytest.mark.parametrize("n", [1032, 3000, 4096, 8192, 16384])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_single_row(device, n, dtype):
+    """One row (a decode step; on CUDA one CTA holds it with 1 or 2 vectors a thread
+    and writes dW directly): every weight kind and output mask."""
+    for wdt in weight_kinds(dtype):
+        x, g = random((1, n), dtype, device), random((1, n), dtype, device)
+        w = random((n,), wdt, device) if wdt is not None else None
+        _, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+        dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
+        refs = backward_reference(x, (n,), w, g)
+        assert_close(dx, refs[0], scale=4 if dtype != torch.float64 else 100)
+        only_dx, none = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, False])
+        assert none is None and torch.equal(only_dx, dx)
+        if w is None:
+            assert dw is None
+            continue
+        assert_close(dw, refs[1], dtype=wdt, scale=4)
+        none, only_dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [False, True])
+        assert none is None and torch.equal(only_dw, dw)
 
 
 @pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 65536), (torch.bfloat16, torch.float32, 65536),
@@ -460,26 +485,35 @@ def test_cuda_variants_follow_row_length():
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
     one_row = baracuda_ops.RMSNormBackwardPlan.select(
         baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, device="cuda"))
-    assert one_row.sku().variant == "cta_row<512,16B,1 vector/thread>+direct_dw"  # a few rows: one vector/thread
+    assert one_row.sku().variant == "decode_row<512,16B,1 vector/thread>+direct_dw"
     assert one_row.workspace_size() == 0  # one row group
+    # Decode rows (no more rows than SMs, a CTA each): forward 1 or 2 vectors a
+    # thread (float32 up to 4) in at most 512 threads.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert variant(4096, torch.bfloat16, m=sms) == "cta_row<512,16B,1 vector/thread>"
+    assert variant(4096, torch.bfloat16, m=sms) == "decode_row<512,16B,1 vector/thread>"
     assert variant(4096, torch.bfloat16, m=sms + 1) == "cta_row<128,16B>"
-    assert variant(8192, torch.bfloat16, m=8) == "cta_row<512,16B,2 vectors/thread>"
+    assert variant(8192, torch.bfloat16, m=8) == "decode_row<512,16B,2 vectors/thread>"
     assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
-    assert variant(8192, torch.float32, m=8) == "cta_row<512,16B,4 vectors/thread>"  # float32: a few rows up to 4
+    assert variant(8192, torch.float32, m=8) == "decode_row<512,16B,4 vectors/thread>"
     assert variant(8192, torch.float32, m=sms + 1) == "cta_row<512,16B>"
-    # The backward spreads a few rows only up to 8 elements per thread.
-    assert variant(4096, torch.float32, backward=True, m=8) == "cta_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>"
+    # Backward: up to 512 threads of 1 vector, then of 2, then 1024 threads of 2.
+    assert variant(4096, torch.float32, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+direct_dw"
+    assert variant(8192, torch.bfloat16, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+direct_dw"
+    assert variant(8192, torch.float32, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+direct_dw"
+    assert variant(16384, torch.bfloat16, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+direct_dw"
+    assert variant(3000, torch.bfloat16, backward=True, m=1) == "decode_row<384,16B,1 vector/thread>+direct_dw"
+    assert (variant(8192, torch.bfloat16, backward=True, m=8)
+            == "decode_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>")
+    assert (variant(4096, torch.bfloat16, backward=True, m=sms)
+            == f"decode_row<512,16B,1 vector/thread>+ordered_dw_sum<{sms} partials>")
+    assert variant(4096, torch.bfloat16, backward=True, m=sms + 1).startswith("cta_row<128,16B>+ordered_dw_sum<")
     if torch.cuda.get_device_capability()[0] >= 9:
-        # A single row beyond that, or a few rows of a CTA each (at most two CTAs per SM
-        # once spread): one vector per thread over a cluster of 8.
-        assert variant(8192, torch.bfloat16, backward=True, m=1) == "cluster_row<8x128,16B,1 vector/thread>+direct_dw"
-        assert variant(8192, torch.float32, backward=True, m=1) == "cluster_row<8x256,16B,1 vector/thread>+direct_dw"
-        assert (variant(8192, torch.bfloat16, backward=True, m=8)
-                == "cluster_row<8x128,16B,1 vector/thread>+ordered_dw_sum<8 partials>")
-        assert (variant(8192, torch.bfloat16, backward=True, m=sms // 4 + 1)
-                == f"cta_row<256,16B>+ordered_dw_sum<{sms // 4 + 1} partials>")
+        # A single row too long for that: one vector per thread over a cluster of 8;
+        # a few such rows: a cluster of 2 each.
+        assert (variant(32768, torch.bfloat16, backward=True, m=1)
+                == "cluster_row<8x512,16B,1 vector/thread,2 ctas/sm>+direct_dw")
+        assert (variant(32768, torch.bfloat16, backward=True, m=8)
+                == "cluster_row<2x512,16B,2 ctas/sm>+ordered_dw_sum<8 partials>")
 
 
 # ---------------------------------------------------------------------------- schemas and errors

@@ -25,7 +25,7 @@ left out by ``output_mask`` is ``None`` (an undefined tensor), and so is
 In ``rms_norm_backward.out`` such outputs are not touched (pass any tensor, e.g.
 an empty one). Its ``workspace`` holds the dW partials (float32, float64 for
 float64): ``RMSNormBackwardPlan.workspace_size()`` bytes; none on CUDA when one row
-group covers every row (e.g. decode), where the kernel writes dW directly.
+group covers every row (e.g. a single decode row), where the kernel writes dW directly.
 """
 
 from __future__ import annotations
@@ -347,12 +347,14 @@ def self_checks():
 
     def backward(dtype):
         def run(device):
-            # A few rows (latency-bound launches), then more rows than SMs: short rows
-            # sharing a CTA, a row per CTA (CUDA: with more than 256 threads, float32 at
-            # 5120 and 16-bit elements at 16384, grouped dW slots), a row per cluster
-            # (CUDA: weight staged in shared memory, wholly or partly).
-            shapes = ((6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40), (200, 4096), (100, 5120), (48, 16384),
-                      (150, 32768))
+            # Decode rows (CUDA: a CTA each at 1 or 2 vectors a thread; dW written
+            # directly for one row; a single 16-bit row of 32768 spread over a
+            # cluster), then more rows than SMs: short rows sharing a CTA, a row per
+            # CTA (CUDA: with more than 256 threads, float32 at 5120 and 16-bit
+            # elements at 16384, grouped dW slots), a row per cluster (CUDA: weight
+            # staged in shared memory, wholly or partly).
+            shapes = ((1, 4096), (1, 16384), (1, 32768), (6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40),
+                      (200, 4096), (100, 5120), (48, 16384), (150, 32768))
             for (m, n), wdt in itertools.product(shapes, weight_dtypes(dtype)):
                 x = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True)
                 w = torch.randn(n, device=device, dtype=wdt, requires_grad=True)

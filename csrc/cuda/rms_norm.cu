@@ -7,16 +7,15 @@
 // V elements in registers, as raw 32-bit words (16-bit elements two to a register),
 // so x (and dy) are read from memory exactly once; the row's sum is a fixed-order
 // shuffle / block / cluster reduction. Vpt = kVpt = 4, except:
-//   - a few latency-bound rows (a CTA each, no more rows than SMs): Vpt = 1 or 2,
-//     forward float32 up to kVpt (backward: at most 8 elements per thread), so at
-//     most 512 threads hold the row, with w loaded together with x and (backward)
-//     the dW sums in registers;
-//   - the backward of a single row, or of a few rows of a CTA each, too long for
-//     that: Vpt = 1 over a cluster of 8;
+//   - decode rows (no more rows than SMs, latency-bound): kernels of their own
+//     (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel), a CTA a row at 1
+//     or 2 vectors per thread (forward float32: up to kVpt; forward at most 512
+//     threads, backward up to 1024), w loaded together with x;
+//   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
 // their dW sums while they wait at the row's cluster barrier. The
-// register launches (not the few-rows ones) copy each thread's weight vectors
+// register launches (not the cluster-spread ones) copy each thread's weight vectors
 // into shared memory once and read them there (forward: once per row, backward:
 // twice) instead of from L2, where they keep as many CTAs per SM: all of a
 // thread's 16-byte vectors, and in the backward as many of its 32-byte ones (a
@@ -45,6 +44,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "baracuda/checks.h"
 #include "baracuda/cuda_utils.cuh"
@@ -61,7 +61,7 @@ using cuda::ceil_div;
 constexpr int kVpt = 4;              // vectors each thread keeps in registers (the `Vpt` of most launches)
 constexpr int kMaxThreads = 1024;    // largest CTA of the forward register kernel
 constexpr int kBwdMaxThreads = 512;  // backward: x and dy in registers need up to 128 per thread
-constexpr int kBwdFewRowsElems = 8;  // backward few-rows launches: elements per thread, at most
+constexpr int kDecodeVpt = 2;        // backward decode rows: vectors per thread, at most (4 spill at 1024 threads)
 constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
 constexpr int kMaxCluster = 8;       // portable thread-block cluster size
 constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
@@ -82,8 +82,9 @@ struct RmsChoice {
   int group = 1;         // threads per row inside a CTA
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
-  int vpt = kVpt;        // vectors per thread: kVpt; 1, 2 (or kVpt) for a few rows; 2 * kVpt forward clusters
-  bool few_rows = false; // a few latency-bound rows, a CTA each: w loaded with x, never staged
+  int vpt = kVpt;        // vectors per thread: kVpt; 1 or 2 (forward float32: kVpt) for decode rows;
+                         // 1 for backward rows spread over a cluster; 2 * kVpt for forward clusters
+  bool decode_rows = false;  // no more rows than SMs, a CTA each (the decode kernels)
   int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
@@ -98,6 +99,7 @@ int pow2_ceil(int64_t v) {
 int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
 
 int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward);  // after the kernels
+
 
 RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward, bool dw) {
   const int64_t elem = c10::elementSize(dtype), acc_bytes = acc_bytes_of(dtype);
@@ -144,35 +146,46 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     }
     if (backward) c.ctas_per_sm = 2;
   }
-  // A few rows, a CTA each, no more rows than SMs: latency-bound, so the row is
-  // spread over 1 or 2 vectors per thread (forward float32: up to kVpt; 16-bit
-  // and float64 elements spill there), at most 512 threads (1024-thread CTAs
-  // measured slower). The kernels then load w together with x, keep dW sums in
-  // registers and skip the layout's divisions. The backward only takes it with at
-  // most kBwdFewRowsElems per thread (bf16 with 2 vectors, 16 elements, measured slower).
-  const int few_max_vpt = !backward && elem == 4 ? kVpt : 2;
-  const int few_vpt = nv <= kBwdMaxThreads ? 1 : nv <= 2 * kBwdMaxThreads ? 2 : kVpt;
-  if (!c.looped && c.group == c.block && c.vec * elem == 16 && nv <= few_max_vpt * kBwdMaxThreads &&
-      M <= cuda::num_sms() && (!backward || few_vpt * c.vec <= kBwdFewRowsElems)) {
-    c.few_rows = true;
-    c.vpt = few_vpt;
-    c.cluster = 1;
-    c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, c.vpt), 32) * 32);
+  // Decode rows: no more rows than SMs, a CTA each, latency-bound. The decode
+  // kernels (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel) hold the row
+  // in registers from one round of loads, w included, with no row loop or layout.
+  // Forward: 1 or 2 vectors per thread (float32: up to kVpt; 16-bit and float64
+  // elements spill there), at most 512 threads (1024-thread CTAs measured slower).
+  // Backward: at most 512 threads of 1 vector, then of 2, then 1024 threads of 2
+  // (kDecodeVpt). Same build, one process (H100, us), against the general kernel's
+  // few-rows form (a CTA each, at most 8 elements a thread) or the 8-CTA cluster:
+  // forward [1, 4096] bf16 1.76 -> 1.68, [32, 8192] float32 2.67 -> 2.54 (every
+  // decode forward faster); backward [1, 4096] bf16 2.08 -> 1.93, [1, 8192] bf16
+  // 3.60 -> 2.50, [32, 8192] float32 6.09 -> 4.81, bf16 with a float32 weight
+  // [8, 4096] 3.75 -> 3.77 and [32, 4096] 3.97 -> 3.97 (the rest faster); at M = 1
+  // 512 threads of 1 vector beat 256 of 2 ([1, 4096] bf16 1.93 vs 2.06), 512 of 2
+  // beat 1024 of 1 ([1, 4096] float32 2.19 vs 2.37, [1, 8192] bf16 with a float32
+  // weight 3.23 vs 3.57).
+  if (!c.looped && c.group == c.block && c.vec * elem == 16 && M <= cuda::num_sms()) {
+    using Spreads = std::array<std::pair<int, int>, 3>;  // (vectors per thread, threads at most), in order
+    constexpr Spreads kFwdSpreads{{{1, kBwdMaxThreads}, {2, kBwdMaxThreads}, {kVpt, kBwdMaxThreads}}};
+    constexpr Spreads kBwdSpreads{{{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads}}};
+    for (const auto& [vpt, cap] : backward ? kBwdSpreads : kFwdSpreads) {
+      if (ceil_div<int64_t>(nv, vpt) <= cap && (backward || vpt <= 2 || elem == 4)) {
+        c.decode_rows = true;
+        c.vpt = vpt;
+        c.cluster = 1;
+        c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
+        break;
+      }
+    }
   }
-  // The backward of a single row, or of a few rows of a CTA each (at most two CTAs
-  // per SM once spread), that the few-rows launch does not take (more than
-  // kBwdFewRowsElems per thread) and a cluster's CTAs can: one vector per thread
-  // over a cluster of kMaxCluster CTAs, so each row's loads come from that many
-  // SMs. (Spread so, the forward's float32 rows of 8192 were slower: 2.85 -> 3.71 us
-  // at M = 1.)
-  const bool few_cta_rows = c.cluster == 1 && M * kMaxCluster <= 2 * cuda::num_sms();
-  if (backward && (M == 1 || few_cta_rows) && c.vpt == kVpt && !c.looped && c.group == c.block &&
+  // The backward of a single row too long for the decode kernel but not for a
+  // cluster's CTAs: one vector per thread over a cluster of kMaxCluster CTAs, so
+  // its loads come from that many SMs. (Spread so, the forward's float32 rows of
+  // 8192 were slower: 2.85 -> 3.71 us at M = 1.)
+  if (!c.decode_rows && backward && M == 1 && c.vpt == kVpt && !c.looped && c.group == c.block &&
       c.vec * elem == 16 && sm_major() >= 9 && ceil_div<int64_t>(nv, kMaxCluster) <= kBwdMaxThreads) {
     c.vpt = 1;
     c.cluster = kMaxCluster;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, kMaxCluster), 32) * 32);
   }
-  if (backward && dw && !c.looped && c.vpt == kVpt) {
+  if (backward && dw && !c.looped && !c.decode_rows && c.vpt == kVpt) {
     c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
     if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
       c.looped = true;
@@ -180,6 +193,10 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
       c.cluster = c.ctas_per_sm = 1;
       c.smem = 0;
     }
+  }
+  if (c.decode_rows) {  // decode rows: a CTA each, all in flight (backward: M dW partial rows)
+    c.clusters = M;
+    return c;
   }
   // Row groups (CTAs or clusters) in flight: what the device runs at once, and in
   // the backward at most half the threads an SM can hold (enough loads in flight,
@@ -214,11 +231,12 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
         vec + ">";
   } else {
-    const std::string spread = c.vpt == kVpt && !c.few_rows ? ""
+    const std::string spread = c.vpt == kVpt && !c.decode_rows ? ""
                                : c.vpt == 1  ? ",1 vector/thread"
                                              : "," + std::to_string(c.vpt) + " vectors/thread";
     const std::string per_sm = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm" : "";
-    v = c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + per_sm + ">"
+    v = c.decode_rows       ? "decode_row<" + std::to_string(c.block) + "," + vec + spread + ">"
+        : c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + per_sm + ">"
                        : "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec +
                              spread + per_sm + ">";
   }
@@ -267,6 +285,15 @@ __device__ __forceinline__ void store_row_slice(W* __restrict__ out, const AccT 
     for (int i = 0; i < kChunk; ++i) chunk.v[i] = static_cast<W>(v[c * kChunk + i]);
     cuda::store_vec<W, kChunk>(out + c * kChunk, chunk);
   }
+}
+
+// dW[col .. col + V) = v as W: vector stores where dW is 16-byte aligned, else one
+// element at a time (an out-variant's grad_weight may start anywhere).
+template <typename W, int V, typename AccT>
+__device__ __forceinline__ void store_dw_slice(W* __restrict__ dw, int64_t col, const AccT (&v)[V]) {
+  if (reinterpret_cast<uintptr_t>(dw) % 16 == 0) return store_row_slice<W, V>(dw + col, v);
+#pragma unroll
+  for (int i = 0; i < V; ++i) dw[col + i] = static_cast<W>(v[i]);
 }
 
 __device__ __forceinline__ void cluster_sync() {
@@ -324,11 +351,6 @@ struct RowLayout {
   int64_t first;     // first row of this CTA's row group
   int64_t step;      // rows between two iterations
 
-  // One row per CTA and no cluster (the few-rows launches, but for rows spread
-  // over a cluster): no divisions on the way to the first load.
-  __device__ RowLayout()
-      : g(0), u(threadIdx.x), row_threads(blockDim.x), rank(0), rows_per_cta(1), first(blockIdx.x), step(gridDim.x) {}
-
   __device__ RowLayout(int group, int cluster) {
     rows_per_cta = blockDim.x / group;
     g = threadIdx.x / group;
@@ -359,7 +381,7 @@ constexpr bool holds_last_weight(bool cluster_rows, int64_t w_vec_bytes) { retur
 
 // The weight of the register kernels' rows: weight_at(j, q, wv) sets wv to w[q * V
 // .. q * V + V), this thread's vector j. A thread's columns are the same for every
-// row it visits, so (not in the few-rows launches) it copies its first `staged`
+// row it visits, so (not in the cluster-spread rows) it copies its first `staged`
 // vectors once into `smem` and weight_at reads those there instead of from L2
 // (staged_weight_vectors: all or none of 16-byte vectors; with kPartial, the
 // backward, the most 32-byte ones that fit). Slots are 16-byte chunks, chunk c of
@@ -369,7 +391,7 @@ constexpr bool holds_last_weight(bool cluster_rows, int64_t w_vec_bytes) { retur
 // vectors): the last vector is held in registers for all rows instead (8 floats;
 // [2048, 65536] bf16 with a float32 weight 0.3486 -> 0.3389 ms) and at most Vpt - 1
 // are staged.
-template <bool kFewRows, bool kPartial, bool kHoldLast, typename AccT, typename W, int V, int Vpt>
+template <bool kSpreadRows, bool kPartial, bool kHoldLast, typename AccT, typename W, int V, int Vpt>
 __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int staged, unsigned char* smem,
                                               const RowLayout& L, int nv) {
   constexpr bool kAllOrNone = sizeof(W) * V == 16;
@@ -377,7 +399,7 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int stage
   constexpr int kChunks = V / kChunkElems;
   using Chunk = cuda::Vec<W, kChunkElems>;
   Chunk* slots = nullptr;
-  if constexpr (!kFewRows && (kAllOrNone || (kPartial && sizeof(W) * V == 32))) {
+  if constexpr (!kSpreadRows && (kAllOrNone || (kPartial && sizeof(W) * V == 32))) {
     if (staged > 0) {
       slots = reinterpret_cast<Chunk*>(smem);
 #pragma unroll
@@ -396,7 +418,7 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int stage
   // Separate closures: captured and unused, the count alone made the forward's
   // float32 kernel spill (8 bytes).
   if constexpr (kHoldLast) {
-    static_assert(kPartial && !kFewRows && sizeof(W) * V == 32);
+    static_assert(kPartial && !kSpreadRows && sizeof(W) * V == 32);
     AccT held[V] = {};
     const int q_last = (Vpt - 1) * L.row_threads + L.u;
     if (q_last < nv) load_weight<AccT, W, V>(w, int64_t(q_last) * V, held);
@@ -435,17 +457,16 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int stage
 // 0.1886 -> 0.1930), as they were in the backward (up to 10% at long rows).
 // stage_w: the thread's w vectors in shared memory (staged_weight).
 
-template <typename T, typename W, typename AccT, int V, int Vpt, bool kFewRows = (Vpt < kVpt)>
+template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                         AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps, bool stage_w) {
-  // kFewRows: one row per CTA, latency-bound (RmsChoice::few_rows)
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
   extern __shared__ __align__(16) unsigned char rms_smem[];
-  const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
+  const RowLayout L(group, cluster);
   const int nv = N / V;
-  const auto weight_at = staged_weight<kFewRows, false, false, AccT, W, V, Vpt>(w, stage_w ? Vpt : 0, rms_smem, L, nv);
+  const auto weight_at = staged_weight<false, false, false, AccT, W, V, Vpt>(w, stage_w ? Vpt : 0, rms_smem, L, nv);
   constexpr bool kStreamRow = sizeof(W) * V == 32;
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
@@ -461,16 +482,6 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
     const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
-    // Few rows (latency-bound): w is loaded with x, so its latency does not follow
-    // the reduction's.
-    AccT w_early[Vpt][V];
-    if constexpr (kFewRows) {
-#pragma unroll
-      for (int j = 0; j < Vpt; ++j) {
-        const int q = j * L.row_threads + L.u;
-        if (live && q < nv) load_weight<AccT, W, V>(w, int64_t(q) * V, w_early[j]);
-      }
-    }
     AccT ss = 0;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
@@ -488,12 +499,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       const int q = j * L.row_threads + L.u;
       if (live && q < nv) {
         AccT wv[V];
-        if constexpr (kFewRows) {
-#pragma unroll
-          for (int i = 0; i < V; ++i) wv[i] = w_early[j][i];
-        } else {
-          weight_at(j, q, wv);
-        }
+        weight_at(j, q, wv);
         cuda::Vec<T, V> out;
 #pragma unroll
         for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(x_at(j, i) * r * wv[i]);
@@ -506,6 +512,54 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   if (cluster > 1) cluster_sync();  // no CTA leaves while another still reads its slots
+}
+
+// ---------------------------------------------------------------------------
+// Forward of decode rows (no more rows than SMs, a CTA each):
+// CTA b holds row b, Vpt vectors of V elements per thread (vector q = j *
+// blockDim.x + threadIdx.x), x and w in registers from one round of loads:
+//   ss = sum_i x_i^2 (this thread's vectors in order, then block_sum)
+//   rstd = 1 / sqrt(ss / N + eps);  y_i = T(x_i * rstd * w_i)
+
+template <typename T, typename W, typename AccT, int V, int Vpt>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+    rms_norm_fwd_decode_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                               AccT* __restrict__ rstd, int N, AccT eps) {
+  __shared__ AccT scratch[32];
+  const int nv = N / V;
+  const int64_t row = blockIdx.x;
+  cuda::RawVec<T, V> xv[Vpt] = {};
+  AccT wv[Vpt][V] = {};
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * blockDim.x + threadIdx.x;
+    if (q < nv) {
+      xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
+      load_weight<AccT, W, V>(w, int64_t(q) * V, wv[j]);
+    }
+  }
+  const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
+  AccT ss = 0;
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const AccT a = x_at(j, i);
+      ss += a * a;
+    }
+  }
+  ss = cuda::block_sum(ss, scratch);
+  const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * blockDim.x + threadIdx.x;
+    if (q >= nv) continue;
+    cuda::Vec<T, V> out;
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(x_at(j, i) * r * wv[j][i]);
+    cuda::store_vec<T, V>(y + row * N + int64_t(q) * V, out);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -525,7 +579,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, int staged_w) {
-  constexpr bool kFewRows = Vpt < kVpt;  // one row per CTA (or per cluster), latency-bound
+  constexpr bool kSpreadRows = Vpt < kVpt;  // a single row, one vector a thread over a cluster: latency-bound
   // Rows that need a cluster, the only ones choose_rms runs two CTAs per SM: the dW
   // sums are added while the CTA waits at the row's cluster barrier (below).
   constexpr bool kClusterRows = MinBlocks == 2;
@@ -534,19 +588,19 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
   __shared__ AccT scratch[32];
   __shared__ AccT slots[2];
-  const RowLayout L = kFewRows && cluster == 1 ? RowLayout() : RowLayout(group, cluster);
+  const RowLayout L(group, cluster);
   const int nv = N / V;
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
-  // This thread's dW sum k (k = j * V + i): a register in the few-rows launches
-  // (a CTA holds one row or a slice of it, nothing to combine), else its slot in `acc`.
-  AccT dw_reg[kFewRows ? Vpt * V : 1];
+  // This thread's dW sum k (k = j * V + i): a register in a cluster-spread row (a
+  // CTA holds a slice of it, nothing to combine), else its slot in `acc`.
+  AccT dw_reg[kSpreadRows ? Vpt * V : 1];
   // Slot of sum k of thread t: (k, t) at k * blockDim.x + t; kGroupedSlots: in
   // groups of kSlotG sums of a thread side by side (16 bytes), which add_dw reads
   // and writes with one shared access instead of kSlotG.
   constexpr int kSlotG = kGroupedSlots && V % (16 / sizeof(AccT)) == 0 ? static_cast<int>(16 / sizeof(AccT)) : 1;
   const auto slot_index = [&](int k, int t) { return ((k / kSlotG) * blockDim.x + t) * kSlotG + k % kSlotG; };
   const auto dw_sum = [&](int k) -> AccT& {
-    if constexpr (kFewRows) {
+    if constexpr (kSpreadRows) {
       return dw_reg[k];
     } else {
       return acc[slot_index(k, threadIdx.x)];
@@ -556,7 +610,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 #pragma unroll
     for (int k = 0; k < Vpt * V; ++k) dw_sum(k) = AccT(0);
   }
-  const auto weight_at = staged_weight<kFewRows, true, holds_last_weight(kClusterRows, sizeof(W) * V), AccT, W, V, Vpt>(
+  constexpr bool kHoldLast = holds_last_weight(kClusterRows, sizeof(W) * V);
+  const auto weight_at = staged_weight<kSpreadRows, true, kHoldLast, AccT, W, V, Vpt>(
       w, staged_w, rms_smem + (want_dw ? Vpt * V * blockDim.x * sizeof(AccT) : 0), L, nv);
   int parity = 0;
   for (int64_t base = L.first; base < M; base += L.step, parity ^= 1) {
@@ -647,13 +702,11 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       if (!kClusterRows && want_dw) add_dw(j);
     }
   }
-  if (want_dw && (kFewRows || L.rows_per_cta == 1)) {
+  if (want_dw && (kSpreadRows || L.rows_per_cta == 1)) {
     // One row per CTA: a thread's own slots are its columns' sums. They take
     // vector stores (one store per element, each lane's in another sector, cost
     // microseconds at decode): the partial row always (the workspace is 16-byte
-    // aligned, N a multiple of V), dW itself when it is 16-byte aligned (an
-    // out-variant's grad_weight need not be).
-    const bool dw_vectors = reinterpret_cast<uintptr_t>(dw_direct) % 16 == 0;
+    // aligned, N a multiple of V), dW itself when it is 16-byte aligned.
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
@@ -663,11 +716,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       for (int i = 0; i < V; ++i) sums[i] = dw_sum(j * V + i);
       if (dw_direct == nullptr) {
         store_row_slice<AccT, V>(partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V, sums);
-      } else if (dw_vectors) {
-        store_row_slice<W, V>(dw_direct + int64_t(q) * V, sums);
       } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) dw_direct[int64_t(q) * V + i] = static_cast<W>(sums[i]);
+        store_dw_slice<W, V>(dw_direct, int64_t(q) * V, sums);
       }
     }
   } else if (want_dw) {
@@ -691,6 +741,70 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     }
   }
   if (cluster > 1) cluster_sync();
+}
+
+// ---------------------------------------------------------------------------
+// Backward of decode rows (no more rows than SMs): CTA b holds row b, Vpt vectors
+// of V elements per thread (vector q = j * blockDim.x + threadIdx.x), x, dy and w
+// in registers from one round of loads:
+//   s = sum_i dy_i * w_i * x_i (this thread's vectors in order, then block_sum)
+//   dx_i = T(rstd * dy_i * w_i - x_i * rstd^3 * s / N)
+//   t_i = dy_i * x_i * rstd: with one row dW itself (written as W), else the CTA's
+//   partial row partials[b], which rms_norm_dw_sum_kernel adds over b in order.
+// Latency-bound: no row loop or layout, w kept from the sum for dx.
+
+template <typename T, typename W, typename AccT, int V, int Vpt>
+__global__ void __launch_bounds__(kMaxThreads)
+    rms_norm_bwd_decode_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
+                               const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
+                               W* __restrict__ dw_direct, int N) {
+  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
+  __shared__ AccT scratch[32];
+  const int nv = N / V;
+  const int64_t row = blockIdx.x;
+  cuda::RawVec<T, V> xv[Vpt] = {}, gv[Vpt] = {};
+  AccT wv[Vpt][V] = {};
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * blockDim.x + threadIdx.x;
+    if (q < nv) {
+      xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
+      gv[j] = cuda::load_raw<T, V>(dy + row * N + int64_t(q) * V);
+      load_weight<AccT, W, V>(w, int64_t(q) * V, wv[j]);
+    }
+  }
+  const AccT r = rstd[row];
+  const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
+  const auto g_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(gv[j], i); };
+  AccT s = 0;  // vectors past the row's end are zeros
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) s += g_at(j, i) * wv[j][i] * x_at(j, i);
+  }
+  s = cuda::block_sum(s, scratch);
+  const AccT k = r * r * r * s / static_cast<AccT>(N);
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * blockDim.x + threadIdx.x;
+    if (q >= nv) continue;
+    if (dx != nullptr) {
+      cuda::Vec<T, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(r * g_at(j, i) * wv[j][i] - x_at(j, i) * k);
+      cuda::store_vec<T, V>(dx + row * N + int64_t(q) * V, out);
+    }
+    if (partials != nullptr || dw_direct != nullptr) {
+      AccT t[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) t[i] = g_at(j, i) * x_at(j, i) * r;
+      if (partials != nullptr) {
+        store_row_slice<AccT, V>(partials + row * N + int64_t(q) * V, t);
+      } else {
+        store_dw_slice<W, V>(dw_direct, int64_t(q) * V, t);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -809,7 +923,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // Launchers.
 
 // Weight vectors per thread staged in shared memory (staged_weight) on top of the
-// choice's c.smem, in a register launch that is not few-rows: for 16-byte weight
+// choice's c.smem, in a register launch that is not cluster-spread: for 16-byte weight
 // vectors all of them (c.vpt) or none; in the backward, for 32-byte ones (a
 // float32 weight with a half input), the most that fit (cluster rows: of all but
 // the last); either way only while as
@@ -820,7 +934,7 @@ template <typename... Args>
 int staged_weight_vectors(void (*kernel)(Args...), const RmsChoice& c, bool backward, bool weighted,
                           int64_t w_vec_bytes) {
   const bool partial = backward && w_vec_bytes == 32;
-  if (!weighted || (w_vec_bytes != 16 && !partial) || c.looped || c.few_rows || c.vpt < kVpt) return 0;
+  if (!weighted || (w_vec_bytes != 16 && !partial) || c.looped || c.decode_rows || c.vpt < kVpt) return 0;
   const int64_t resident = cuda::resident_groups(kernel, c.block, c.cluster, c.smem);
   const int most = backward && holds_last_weight(c.ctas_per_sm == 2, w_vec_bytes) ? c.vpt - 1 : c.vpt;
   for (int n = most; n > 0 && (n == c.vpt || partial); --n) {
@@ -845,35 +959,27 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, Vpt>) with the chosen vectors per thread of
-// the register kernels. 1, 2 and 2 * kVpt are only instantiated where choose_rms
-// can pick them: 16-byte vectors; in the backward at most kBwdFewRowsElems
-// elements; 2 * kVpt only in the forward, for elements of at most 4 bytes.
+// the register kernels (decode rows take the decode kernels): kVpt, or, only
+// instantiated where choose_rms picks them (16-byte vectors), 2 * kVpt in the
+// forward's cluster rows (elements of at most 4 bytes) and 1 in the backward's
+// rows over a cluster of kMaxCluster.
 template <typename T, int V, bool kBackward, typename Fn>
 void with_vpt(const RmsChoice& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     if constexpr (!kBackward && sizeof(T) <= 4) {
       if (c.vpt == 2 * kVpt) return fn(std::integral_constant<int, 2 * kVpt>{});
     }
-    if (c.vpt == 1) return fn(std::integral_constant<int, 1>{});
-    if constexpr (!kBackward || 2 * V <= kBwdFewRowsElems) {
-      if (c.vpt == 2) return fn(std::integral_constant<int, 2>{});
+    if constexpr (kBackward) {
+      if (c.vpt == 1) return fn(std::integral_constant<int, 1>{});
     }
   }
   fn(std::integral_constant<int, kVpt>{});
 }
 
-// Calls fn(kernel) with the forward register kernel of the choice: its vectors per
-// thread, and the few-rows form where the choice says so (with kVpt vectors only
-// for float32 in 16-byte vectors, as choose_rms picks it).
+// Calls fn(kernel) with the forward register kernel of the choice's vectors per thread.
 template <typename T, typename W, typename AccT, int V, typename Fn>
 void with_fwd_kernel(const RmsChoice& c, Fn&& fn) {
-  with_vpt<T, V, false>(c, [&](auto vpt_tag) {
-    constexpr int Vpt = decltype(vpt_tag)::value;
-    if constexpr (Vpt == kVpt && V * sizeof(T) == 16 && sizeof(T) == 4) {
-      if (c.few_rows) return fn(rms_norm_fwd_kernel<T, W, AccT, V, Vpt, true>);
-    }
-    fn(rms_norm_fwd_kernel<T, W, AccT, V, Vpt>);
-  });
+  with_vpt<T, V, false>(c, [&](auto vpt_tag) { fn(rms_norm_fwd_kernel<T, W, AccT, V, decltype(vpt_tag)::value>); });
 }
 
 // Calls fn(kernel) with the backward register kernel of the choice: its vectors per
@@ -895,6 +1001,32 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
     }
     fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 1>);
   });
+}
+
+// Calls fn(kernel) with the decode forward kernel of the choice's vectors per thread
+// (1, 2, or kVpt for float32; 16-byte vectors, as choose_rms picks decode rows).
+template <typename T, typename W, typename AccT, int V, typename Fn>
+void with_fwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
+  if constexpr (V * sizeof(T) == 16) {
+    if (c.vpt == 1) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 1>);
+    if (c.vpt == 2) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 2>);
+    if constexpr (sizeof(T) == 4) {
+      if (c.vpt == kVpt) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, kVpt>);
+    }
+  }
+  TORCH_CHECK(false, "rms_norm: no decode kernel for ", c.vpt, " vectors of ", V, " per thread");
+}
+
+// Calls fn(kernel) with the single-row backward kernel of the choice's vectors per
+// thread (1 or kDecodeVpt; instantiated for 16-byte vectors, as choose_rms picks it).
+template <typename T, typename W, typename AccT, int V, typename Fn>
+void with_bwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
+  static_assert(kDecodeVpt == 2);
+  if constexpr (V * sizeof(T) == 16) {
+    if (c.vpt == 1) return fn(rms_norm_bwd_decode_kernel<T, W, AccT, V, 1>);
+    if (c.vpt == 2) return fn(rms_norm_bwd_decode_kernel<T, W, AccT, V, 2>);
+  }
+  TORCH_CHECK(false, "rms_norm_backward: no single-row kernel for ", c.vpt, " vectors of ", V, " per thread");
 }
 
 // For half inputs the smaller count of the two weight types' kernels: the
@@ -958,6 +1090,11 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
           cuda::launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>,
                        {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp, rows.M, rows.N,
                        static_cast<acc_t>(e));
+        } else if (c.decode_rows) {
+          with_fwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
+            cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp,
+                         static_cast<int>(rows.N), static_cast<acc_t>(e));
+          });
         } else {
           with_fwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto* kernel) {
             const int staged = staged_weight_vectors(kernel, c, false, wp != nullptr, int64_t(sizeof(W)) * V);
@@ -1036,6 +1173,11 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
           cuda::launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>,
                        {.grid = dim3(c.clusters), .block = dim3(c.block)}, gp, xp, rp, wp, dxp, parts, rows.M,
                        rows.N);
+        } else if (c.decode_rows) {
+          with_bwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
+            cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, gp, xp, rp, wp, dxp, parts, dwp,
+                         static_cast<int>(rows.N));
+          });
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
             const int staged = staged_weight_vectors(kernel, c, true, wp != nullptr, int64_t(sizeof(W)) * V);
