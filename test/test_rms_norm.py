@@ -407,8 +407,8 @@ def test_plan_run_writes_every_element(device, shape, ns, dtype, wdt):
     bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), ws)
     ref = torch.ops.baracuda.rms_norm_backward(g, x, list(ns), rstd, w, [True, True])
     assert torch.equal(gi, ref[0]) and torch.equal(gw, ref[1])
-    if device.type == "cuda" and "direct_dw" in bplan.sku().variant:
-        assert bplan.workspace_size() == 0  # one row group writes dW itself
+    if device.type == "cuda" and ("direct_dw" in bplan.sku().variant or "dw_columns" in bplan.sku().variant):
+        assert bplan.workspace_size() == 0  # one row group, or decode rows' column CTAs, write dW itself
     elif device.type == "cuda":
         assert bplan.workspace_size() > 0 and "ordered_dw_sum" in bplan.sku().variant
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
@@ -502,11 +502,16 @@ def test_cuda_variants_follow_row_length():
     assert variant(8192, torch.float32, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+direct_dw"
     assert variant(16384, torch.bfloat16, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+direct_dw"
     assert variant(3000, torch.bfloat16, backward=True, m=1) == "decode_row<384,16B,1 vector/thread>+direct_dw"
-    assert (variant(8192, torch.bfloat16, backward=True, m=8)
-            == "decode_row<512,16B,2 vectors/thread>+ordered_dw_sum<8 partials>")
-    assert (variant(4096, torch.bfloat16, backward=True, m=sms)
-            == f"decode_row<512,16B,1 vector/thread>+ordered_dw_sum<{sms} partials>")
+    # More than one row: dW by columns in CTAs beside the rows (32 vectors each), while
+    # all of them fit in one wave.
+    assert variant(8192, torch.bfloat16, backward=True, m=8) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"
+    assert baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
+        (8, 8192), (8192,), torch.bfloat16, device="cuda")).workspace_size() == 0  # no partials
+    assert variant(4096, torch.bfloat16, backward=True, m=sms) == "decode_row<512,16B,1 vector/thread>+dw_columns<16 ctas>"
     assert variant(4096, torch.bfloat16, backward=True, m=sms + 1).startswith("cta_row<128,16B>+ordered_dw_sum<")
+    assert (variant(8192, torch.float32, backward=True, m=sms - 64)
+            == "decode_row<1024,16B,2 vectors/thread>+dw_columns<64 ctas>")
+    assert variant(8192, torch.float32, backward=True, m=sms - 63).startswith("cta_row<512,16B>+ordered_dw_sum<")
     if torch.cuda.get_device_capability()[0] >= 9:
         # A single row too long for that: one vector per thread over a cluster of 8;
         # a few such rows: a cluster of 2 each.

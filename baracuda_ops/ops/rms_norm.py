@@ -24,8 +24,9 @@ left out by ``output_mask`` is ``None`` (an undefined tensor), and so is
 ``grad_weight`` when ``weight`` is None. ``grad_weight`` has the weight's dtype.
 In ``rms_norm_backward.out`` such outputs are not touched (pass any tensor, e.g.
 an empty one). Its ``workspace`` holds the dW partials (float32, float64 for
-float64): ``RMSNormBackwardPlan.workspace_size()`` bytes; none on CUDA when one row
-group covers every row (e.g. a single decode row), where the kernel writes dW directly.
+float64): ``RMSNormBackwardPlan.workspace_size()`` bytes; none on CUDA for decode
+rows (no more rows than SMs, where the kernel's column CTAs sum dW beside the rows)
+or when one row group covers every row: the kernel writes dW directly.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@
 //   backward: 2*M*N*e read + M*a read + M*N*e written (+ w, cached)
 //             + P*N*a dW partials written and read once by the ordered sum,
 //             P ~ the number of row groups resident on the GPU at once
-//             (P == 1, e.g. a single decode row: dW is written directly, one launch).
+//             (P == 1, e.g. a single decode row: dW is written directly, one launch;
+//             decode rows: no partials, x and dy read again by the dW column CTAs).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -87,6 +88,7 @@ struct RmsChoice {
   bool decode_rows = false;  // no more rows than SMs, a CTA each (the decode kernels)
   int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
+  int64_t dw_columns = 0;  // backward decode rows (M > 1): CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
 };
 
@@ -156,21 +158,27 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // few-rows form (a CTA each, at most 8 elements a thread) or the 8-CTA cluster:
   // forward [1, 4096] bf16 1.76 -> 1.68, [32, 8192] float32 2.67 -> 2.54 (every
   // decode forward faster); backward [1, 4096] bf16 2.08 -> 1.93, [1, 8192] bf16
-  // 3.60 -> 2.50, [32, 8192] float32 6.09 -> 4.81, bf16 with a float32 weight
-  // [8, 4096] 3.75 -> 3.77 and [32, 4096] 3.97 -> 3.97 (the rest faster); at M = 1
-  // 512 threads of 1 vector beat 256 of 2 ([1, 4096] bf16 1.93 vs 2.06), 512 of 2
-  // beat 1024 of 1 ([1, 4096] float32 2.19 vs 2.37, [1, 8192] bf16 with a float32
-  // weight 3.23 vs 3.57).
+  // 3.60 -> 2.50, [32, 8192] float32 6.09 -> 4.81 (dW from partial rows then);
+  // at M = 1 512 threads of 1 vector beat 256 of 2 ([1, 4096] bf16 1.93 vs 2.06),
+  // 512 of 2 beat 1024 of 1 ([1, 4096] float32 2.19 vs 2.37, [1, 8192] bf16 with a
+  // float32 weight 3.23 vs 3.57). With more than one row, dW is summed by columns
+  // in CTAs beside the rows instead of from partial rows by a second kernel: [8,
+  // 4096] bf16 3.72 -> 2.09 us, [32, 8192] bf16 5.39 -> 2.66, float32 5.36 -> 3.47.
   if (!c.looped && c.group == c.block && c.vec * elem == 16 && M <= cuda::num_sms()) {
     using Spreads = std::array<std::pair<int, int>, 3>;  // (vectors per thread, threads at most), in order
     constexpr Spreads kFwdSpreads{{{1, kBwdMaxThreads}, {2, kBwdMaxThreads}, {kVpt, kBwdMaxThreads}}};
     constexpr Spreads kBwdSpreads{{{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads}}};
     for (const auto& [vpt, cap] : backward ? kBwdSpreads : kFwdSpreads) {
-      if (ceil_div<int64_t>(nv, vpt) <= cap && (backward || vpt <= 2 || elem == 4)) {
+      const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
+      // The backward's dW column CTAs run beside the rows, in one wave (at most 64
+      // registers a thread: kMaxThreads / threads CTAs an SM).
+      const int64_t ctas = M + (backward && dw && M > 1 ? ceil_div<int64_t>(nv, 32) : 0);
+      if (threads <= cap && (backward || vpt <= 2 || elem == 4) &&
+          ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
         c.decode_rows = true;
         c.vpt = vpt;
         c.cluster = 1;
-        c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
+        c.block = c.group = threads;
         break;
       }
     }
@@ -194,8 +202,9 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
       c.smem = 0;
     }
   }
-  if (c.decode_rows) {  // decode rows: a CTA each, all in flight (backward: M dW partial rows)
+  if (c.decode_rows) {  // a CTA each, all in flight (backward: and the dW column CTAs, no partials)
     c.clusters = M;
+    if (backward && dw && M > 1) c.dw_columns = ceil_div<int64_t>(nv, 32);
     return c;
   }
   // Row groups (CTAs or clusters) in flight: what the device runs at once, and in
@@ -214,8 +223,8 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   return c;
 }
 
-// One row group (P == 1): the kernel writes dW itself, no partials.
-bool dw_direct(const RmsChoice& c) { return c.clusters == 1 && !c.looped; }
+// One row group (P == 1), or dW by columns: the kernel writes dW itself, no partials.
+bool dw_direct(const RmsChoice& c) { return (c.clusters == 1 || c.dw_columns > 0) && !c.looped; }
 
 int64_t dw_workspace_bytes(const RmsChoice& c, int64_t N, int64_t acc_bytes) {
   return c.empty || dw_direct(c) ? 0 : c.clusters * N * acc_bytes;
@@ -240,7 +249,11 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
                        : "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec +
                              spread + per_sm + ">";
   }
-  if (backward && dw) v += dw_direct(c) ? "+direct_dw" : "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
+  if (backward && dw) {
+    v += c.dw_columns > 0 ? "+dw_columns<" + std::to_string(c.dw_columns) + " ctas>"
+         : dw_direct(c)   ? "+direct_dw"
+                          : "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
+  }
   return v;
 }
 
@@ -744,21 +757,58 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 }
 
 // ---------------------------------------------------------------------------
-// Backward of decode rows (no more rows than SMs): CTA b holds row b, Vpt vectors
-// of V elements per thread (vector q = j * blockDim.x + threadIdx.x), x, dy and w
-// in registers from one round of loads:
+// dW of decode rows (M > 1) by columns, in the CTAs after the M row CTAs: CTA c
+// takes column vectors [32 c, 32 c + 32), lane = vector; warp s of S adds rows s,
+// s + S, ... in order, then warp 0 adds the S sums in order (shared memory):
+//   dW_i = W(sum_s sum_{r = s mod S} dy_ri * x_ri * rstd_r)
+// It needs no row's result, so it runs beside the rows: one launch, no partials.
+template <typename T, typename W, typename AccT, int V>
+__device__ __forceinline__ void decode_dw_columns(const T* __restrict__ dy, const T* __restrict__ x,
+                                                  const AccT* __restrict__ rstd, W* __restrict__ dw, int M, int N) {
+  extern __shared__ __align__(16) unsigned char rms_smem[];
+  AccT* sums = reinterpret_cast<AccT*>(rms_smem);  // [S][V][32]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int q = (blockIdx.x - M) * 32 + lane;
+  const bool live = q < N / V;
+  AccT acc[V] = {};
+  if (live) {
+#pragma unroll 4
+    for (int r = warp; r < M; r += warps) {
+      const auto xr = cuda::load_raw<T, V>(x + int64_t(r) * N + int64_t(q) * V);
+      const auto gr = cuda::load_raw<T, V>(dy + int64_t(r) * N + int64_t(q) * V);
+      const AccT rs = rstd[r];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        acc[i] += cuda::raw_elem<AccT, T, V>(gr, i) * cuda::raw_elem<AccT, T, V>(xr, i) * rs;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i) sums[(warp * V + i) * 32 + lane] = acc[i];
+  __syncthreads();
+  if (warp != 0 || !live) return;
+  AccT t[V] = {};
+  for (int slice = 0; slice < warps; ++slice) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) t[i] += sums[(slice * V + i) * 32 + lane];
+  }
+  store_dw_slice<W, V>(dw, int64_t(q) * V, t);
+}
+
+// Backward of decode rows (no more rows than SMs): CTA b < M holds row b, Vpt
+// vectors of V elements per thread (vector q = j * blockDim.x + threadIdx.x), x,
+// dy and w in registers from one round of loads:
 //   s = sum_i dy_i * w_i * x_i (this thread's vectors in order, then block_sum)
 //   dx_i = T(rstd * dy_i * w_i - x_i * rstd^3 * s / N)
-//   t_i = dy_i * x_i * rstd: with one row dW itself (written as W), else the CTA's
-//   partial row partials[b], which rms_norm_dw_sum_kernel adds over b in order.
-// Latency-bound: no row loop or layout, w kept from the sum for dx.
+//   dW_i = W(dy_i * x_i * rstd) with one row; with more, the CTAs after the rows
+//   sum dW by columns (decode_dw_columns).
+// Latency-bound: one launch, no row loop or layout, w kept from the sum for dx.
 
 template <typename T, typename W, typename AccT, int V, int Vpt>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_bwd_decode_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
-                               const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
-                               W* __restrict__ dw_direct, int N) {
-  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
+                               const W* __restrict__ w, T* __restrict__ dx, W* __restrict__ dw, int M, int N) {
+  if (int(blockIdx.x) >= M) return decode_dw_columns<T, W, AccT, V>(dy, x, rstd, dw, M, N);
   __shared__ AccT scratch[32];
   const int nv = N / V;
   const int64_t row = blockIdx.x;
@@ -794,15 +844,11 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(r * g_at(j, i) * wv[j][i] - x_at(j, i) * k);
       cuda::store_vec<T, V>(dx + row * N + int64_t(q) * V, out);
     }
-    if (partials != nullptr || dw_direct != nullptr) {
+    if (dw != nullptr && M == 1) {
       AccT t[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) t[i] = g_at(j, i) * x_at(j, i) * r;
-      if (partials != nullptr) {
-        store_row_slice<AccT, V>(partials + row * N + int64_t(q) * V, t);
-      } else {
-        store_dw_slice<W, V>(dw_direct, int64_t(q) * V, t);
-      }
+      store_dw_slice<W, V>(dw, int64_t(q) * V, t);
     }
   }
 }
@@ -1175,8 +1221,9 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                        rows.N);
         } else if (c.decode_rows) {
           with_bwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
-            cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, gp, xp, rp, wp, dxp, parts, dwp,
-                         static_cast<int>(rows.N));
+            const int64_t col_smem = c.dw_columns > 0 ? int64_t(c.block) * V * acc_bytes : 0;  // decode_dw_columns
+            cuda::launch(kernel, {.grid = dim3(c.clusters + c.dw_columns), .block = dim3(c.block), .smem = col_smem},
+                         gp, xp, rp, wp, dxp, dwp, static_cast<int>(rows.M), static_cast<int>(rows.N));
           });
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
