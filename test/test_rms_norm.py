@@ -497,11 +497,17 @@ def test_cuda_variants_follow_row_length():
     assert variant(8192, torch.float32, m=8) == "decode_row<512,16B,4 vectors/thread>"
     assert variant(8192, torch.float32, m=sms + 1) == "cta_row<512,16B>"
     # Backward: up to 512 threads of 1 vector, then of 2, then 1024 threads of 2.
-    assert variant(4096, torch.float32, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+direct_dw"
-    assert variant(8192, torch.bfloat16, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+direct_dw"
-    assert variant(8192, torch.float32, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+direct_dw"
-    assert variant(16384, torch.bfloat16, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+direct_dw"
+    # A single row writes its dW itself up to 8 KB of it, else column CTAs beside it do.
     assert variant(3000, torch.bfloat16, backward=True, m=1) == "decode_row<384,16B,1 vector/thread>+direct_dw"
+    assert variant(2048, torch.float32, backward=True, m=1) == "decode_row<512,16B,1 vector/thread>+direct_dw"
+    assert variant(4096, torch.float32, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"
+    assert variant(8192, torch.bfloat16, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"
+    assert variant(8192, torch.float32, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+dw_columns<64 ctas>"
+    assert variant(16384, torch.bfloat16, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+dw_columns<64 ctas>"
+    f32_weight = baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, weight_dtype=torch.float32,
+                                                        device="cuda")
+    assert (baracuda_ops.RMSNormBackwardPlan.select(f32_weight).sku().variant
+            == "decode_row<512,16B,1 vector/thread>+dw_columns<16 ctas>")  # a 16 KB dW
     # More than one row: dW by columns in CTAs beside the rows (32 vectors each), while
     # all of them fit in one wave.
     assert variant(8192, torch.bfloat16, backward=True, m=8) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"

@@ -147,8 +147,8 @@ torch.library.register_autograd(
 
 # --------------------------------------------------------------------------- Plan API
 #
-# problem encoding (for the kernel choice): forward [M, N], backward [M, N, computes grad_weight],
-# with N = prod(normalized_shape) and M = numel / N (the rows).
+# problem encoding (for the kernel choice): forward [M, N], backward [M, N, grad_weight's element
+# size, 0 when it computes no grad_weight], with N = prod(normalized_shape) and M = numel / N (the rows).
 
 
 def _rows(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int]) -> tuple[int, int]:
@@ -277,7 +277,8 @@ class RMSNormBackwardPlan(Plan):
         with plan_errors():
             m, n = _rows("rms_norm_backward", desc.input_shape, desc.normalized_shape)
         _check_dtypes("rms_norm_backward", desc.dtype, desc.resolved_weight_dtype)
-        return cls(desc, pref, [m, n, int(desc.computes_grad_weight)])
+        dw_elem = desc.resolved_weight_dtype.itemsize if desc.computes_grad_weight else 0
+        return cls(desc, pref, [m, n, dw_elem])
 
     def can_implement(self, args: RMSNormBackwardArgs) -> None:
         d = self.desc

@@ -194,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_
   return {grad_input, grad_weight};
 }
 
-// problem = [M, N] (forward), [M, N, computes grad_weight] (backward)
+// problem = [M, N] (forward), [M, N, grad_weight's element size or 0: no dW] (backward)
 KernelChoice rms_norm_choice(c10::IntArrayRef, c10::ScalarType) { return {"cpu_rows", 0}; }
 KernelChoice rms_norm_backward_choice(c10::IntArrayRef, c10::ScalarType) { return {"cpu_rows+chunked_dw", 0}; }
 

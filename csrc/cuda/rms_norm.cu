@@ -103,8 +103,19 @@ int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 
 int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward);  // after the kernels
 
 
-RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward, bool dw) {
+// Whether decode rows' dW is summed by column CTAs beside the rows (decode_dw_columns):
+// for more than one row, and for a single row whose dW exceeds 8 KB, where the row's
+// CTA alone moved too many bytes through its SM (same build, one process, us: [1,
+// 8192] bf16 with a float32 weight 3.37 -> 2.42, [1, 4096] float32 2.35 -> 2.12,
+// [1, 8192] bf16 2.60 -> 2.39; [1, 4096] bf16, 8 KB, 1.93 -> 2.01).
+bool dw_by_columns(int64_t M, int64_t N, int64_t dw_elem) {
+  return dw_elem > 0 && (M > 1 || N * dw_elem > 8192);
+}
+
+// dw_elem: the backward's grad_weight element size, 0 when it computes no dW.
+RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward, int64_t dw_elem) {
   const int64_t elem = c10::elementSize(dtype), acc_bytes = acc_bytes_of(dtype);
+  const bool dw = backward && dw_elem > 0;
   RmsChoice c;
   if (M == 0 || N == 0) return c;
   c.empty = false;
@@ -172,7 +183,7 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
       const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
       // The backward's dW column CTAs run beside the rows, in one wave (at most 64
       // registers a thread: kMaxThreads / threads CTAs an SM).
-      const int64_t ctas = M + (backward && dw && M > 1 ? ceil_div<int64_t>(nv, 32) : 0);
+      const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, 32) : 0);
       if (threads <= cap && (backward || vpt <= 2 || elem == 4) &&
           ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
         c.decode_rows = true;
@@ -193,7 +204,7 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     c.cluster = kMaxCluster;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, kMaxCluster), 32) * 32);
   }
-  if (backward && dw && !c.looped && !c.decode_rows && c.vpt == kVpt) {
+  if (dw && !c.looped && !c.decode_rows && c.vpt == kVpt) {
     c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
     if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
       c.looped = true;
@@ -204,7 +215,7 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   }
   if (c.decode_rows) {  // a CTA each, all in flight (backward: and the dW column CTAs, no partials)
     c.clusters = M;
-    if (backward && dw && M > 1) c.dw_columns = ceil_div<int64_t>(nv, 32);
+    if (dw_by_columns(M, N, dw_elem)) c.dw_columns = ceil_div<int64_t>(nv, 32);
     return c;
   }
   // Row groups (CTAs or clusters) in flight: what the device runs at once, and in
@@ -844,7 +855,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int i = 0; i < V; ++i) out.v[i] = static_cast<T>(r * g_at(j, i) * wv[j][i] - x_at(j, i) * k);
       cuda::store_vec<T, V>(dx + row * N + int64_t(q) * V, out);
     }
-    if (dw != nullptr && M == 1) {
+    if (dw != nullptr && int(gridDim.x) == M) {  // no column CTAs: a single row's dW
       AccT t[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) t[i] = g_at(j, i) * x_at(j, i) * r;
@@ -1119,7 +1130,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
     return;
   }
-  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), false, false);
+  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), false, 0);
   const auto x = cuda::aligned_contiguous(input);
   const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
@@ -1191,7 +1202,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
     return;
   }
   const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
-  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), true, want_dw);
+  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), true, want_dw ? weight->element_size() : 0);
   at::Tensor ws;
   if (want_dw) {
     const int64_t need = dw_workspace_bytes(c, rows.N, acc_bytes);
@@ -1273,20 +1284,20 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
                          workspace);
 }
 
-// problem = [M, N] (forward), [M, N, computes grad_weight] (backward)
+// problem = [M, N] (forward), [M, N, grad_weight's element size or 0: no dW] (backward)
 KernelChoice rms_norm_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   TORCH_CHECK_VALUE(problem.size() == 2 && problem[0] >= 0 && problem[1] >= 0, kRmsNormOp, ": malformed problem ",
                     problem);
-  const auto c = choose_rms(problem[0], problem[1], dtype, false, false);
+  const auto c = choose_rms(problem[0], problem[1], dtype, false, 0);
   return {rms_variant(c, c10::elementSize(dtype), false, false), 0};
 }
 
 KernelChoice rms_norm_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   TORCH_CHECK_VALUE(problem.size() == 3 && problem[0] >= 0 && problem[1] >= 0, kRmsNormBackwardOp,
                     ": malformed problem ", problem);
-  const bool dw = problem[2] != 0;
+  const bool dw = problem[2] != 0;  // grad_weight's element size, 0: no dW
   const int64_t acc_bytes = acc_bytes_of(dtype);
-  const auto c = choose_rms(problem[0], problem[1], dtype, true, dw);
+  const auto c = choose_rms(problem[0], problem[1], dtype, true, problem[2]);
   return {rms_variant(c, c10::elementSize(dtype), true, dw), dw ? dw_workspace_bytes(c, problem[1], acc_bytes) : 0};
 }
 
