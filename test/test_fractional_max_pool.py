@@ -364,6 +364,20 @@ def test_backward_forward_indices_take_no_full_scan(device, dims):
             assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
 
 
+def _crowded_indices(x, dims, k, out):
+    """The forward's indices, with the cells around the element at (1, ..., 1) sent to
+    it: 2, 3 and all 2^dims of them in planes (0, 0), (0, 1) and (1, 1)."""
+    _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
+    i = i.clone()
+    spatial = x.shape[-dims:]
+    target = sum(math.prod(spatial[a + 1:]) for a in range(dims))  # the element at (1, ..., 1)
+    corner = [tuple((c >> a) & 1 for a in range(dims)) for c in range(2 ** dims)]  # cells 0 / 1 per axis
+    for plane, crowd in (((0, 0), 2), ((0, 1), 3), ((1, 1), 2 ** dims)):
+        for cell in corner[:crowd]:
+            i[plane][cell] = target
+    return i
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
@@ -376,14 +390,7 @@ def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
     # plane equals the CPU kernel's result.
     shape, k, out = ((2, 3, 17, 17), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 9, 9, 9), (2, 2, 2), (4, 4, 4))
     x = random(shape, dtype, device)
-    _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
-    i = i.clone()
-    spatial = shape[-dims:]
-    target = sum(math.prod(spatial[a + 1:]) for a in range(dims))  # the element at (1, ..., 1)
-    corner = [tuple((c >> a) & 1 for a in range(dims)) for c in range(2 ** dims)]  # cells 0 / 1 per axis
-    for plane, crowd in (((0, 0), 2), ((0, 1), 3), ((1, 1), 2 ** dims)):
-        for cell in corner[:crowd]:
-            i[plane][cell] = target
+    i = _crowded_indices(x, dims, k, out)
     g = random(i.shape, dtype, device)
     dx = _bw(dims)(g, x, list(k), list(out), i)
     cpu = _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())
@@ -410,15 +417,8 @@ def test_backward_owned_boxes_movers_and_strays(device, dims, dtype):
     # Every plane equals the CPU kernel's result.
     shape, k, out = ((2, 3, 16, 16), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 8, 8, 8), (2, 2, 2), (4, 4, 4))
     x = random(shape, dtype, device)
-    _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
-    i = i.clone()
-    spatial = shape[-dims:]
-    target = sum(math.prod(spatial[a + 1:]) for a in range(dims))  # the element at (1, ..., 1)
-    corner = [tuple((c >> a) & 1 for a in range(dims)) for c in range(2 ** dims)]  # cells 0 / 1 per axis
-    for plane, crowd in (((0, 0), 2), ((0, 1), 3), ((1, 1), 2 ** dims)):
-        for cell in corner[:crowd]:
-            i[plane][cell] = target
-    i[1][0][(0,) * dims] = math.prod(spatial) - 1  # the last element: a stray
+    i = _crowded_indices(x, dims, k, out)
+    i[1][0][(0,) * dims] = math.prod(shape[-dims:]) - 1  # the last element: a stray
     g = random(i.shape, dtype, device)
     dx = _bw(dims)(g, x, list(k), list(out), i)
     assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))

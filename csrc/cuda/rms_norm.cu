@@ -67,6 +67,7 @@ constexpr int kRowsBlock = 256;      // CTA size when several short rows share a
 constexpr int kMaxCluster = 8;       // portable thread-block cluster size
 constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
 constexpr int kReduceCols = 32;      // dW sum: columns per CTA
+constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vectors each, one a lane
 constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
 
 // ---------------------------------------------------------------------------
@@ -183,7 +184,7 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
       const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
       // The backward's dW column CTAs run beside the rows, in one wave (at most 64
       // registers a thread: kMaxThreads / threads CTAs an SM).
-      const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, 32) : 0);
+      const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, kDwColumnVectors) : 0);
       if (threads <= cap && (backward || vpt <= 2 || elem == 4) &&
           ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
         c.decode_rows = true;
@@ -215,7 +216,7 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   }
   if (c.decode_rows) {  // a CTA each, all in flight (backward: and the dW column CTAs, no partials)
     c.clusters = M;
-    if (dw_by_columns(M, N, dw_elem)) c.dw_columns = ceil_div<int64_t>(nv, 32);
+    if (dw_by_columns(M, N, dw_elem)) c.dw_columns = ceil_div<int64_t>(nv, kDwColumnVectors);
     return c;
   }
   // Row groups (CTAs or clusters) in flight: what the device runs at once, and in
@@ -318,6 +319,21 @@ __device__ __forceinline__ void store_dw_slice(W* __restrict__ dw, int64_t col, 
   if (reinterpret_cast<uintptr_t>(dw) % 16 == 0) return store_row_slice<W, V>(dw + col, v);
 #pragma unroll
   for (int i = 0; i < V; ++i) dw[col + i] = static_cast<W>(v[i]);
+}
+
+// Sum of x^2 over this thread's vectors (in order, element by element), in AccT.
+template <typename AccT, typename T, int V, int Vpt>
+__device__ __forceinline__ AccT sum_of_squares(const cuda::RawVec<T, V> (&xv)[Vpt]) {
+  AccT ss = 0;
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const AccT a = cuda::raw_elem<AccT, T, V>(xv[j], i);
+      ss += a * a;
+    }
+  }
+  return ss;
 }
 
 __device__ __forceinline__ void cluster_sync() {
@@ -506,16 +522,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
     const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
-    AccT ss = 0;
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const AccT a = x_at(j, i);
-        ss += a * a;
-      }
-    }
-    ss = row_sum(ss, group, cluster, scratch, slots, parity, [] {});
+    const AccT ss = row_sum(sum_of_squares<AccT, T, V>(xv), group, cluster, scratch, slots, parity, [] {});
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
     if (live && L.u == 0) rstd[row] = r;
 #pragma unroll
@@ -563,16 +570,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
     }
   }
   const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
-  AccT ss = 0;
-#pragma unroll
-  for (int j = 0; j < Vpt; ++j) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const AccT a = x_at(j, i);
-      ss += a * a;
-    }
-  }
-  ss = cuda::block_sum(ss, scratch);
+  const AccT ss = cuda::block_sum(sum_of_squares<AccT, T, V>(xv), scratch);
   const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
 #pragma unroll
@@ -768,9 +766,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 }
 
 // ---------------------------------------------------------------------------
-// dW of decode rows (M > 1) by columns, in the CTAs after the M row CTAs: CTA c
-// takes column vectors [32 c, 32 c + 32), lane = vector; warp s of S adds rows s,
-// s + S, ... in order, then warp 0 adds the S sums in order (shared memory):
+// dW of decode rows by columns (dw_by_columns), in the CTAs after the M row CTAs:
+// CTA c takes kDwColumnVectors = 32 column vectors, lane = vector; warp s of S adds
+// rows s, s + S, ... in order, then warp 0 adds the S sums in order (shared memory):
 //   dW_i = W(sum_s sum_{r = s mod S} dy_ri * x_ri * rstd_r)
 // It needs no row's result, so it runs beside the rows: one launch, no partials.
 template <typename T, typename W, typename AccT, int V>
@@ -779,7 +777,7 @@ __device__ __forceinline__ void decode_dw_columns(const T* __restrict__ dy, cons
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* sums = reinterpret_cast<AccT*>(rms_smem);  // [S][V][32]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int q = (blockIdx.x - M) * 32 + lane;
+  const int q = (blockIdx.x - M) * kDwColumnVectors + lane;
   const bool live = q < N / V;
   AccT acc[V] = {};
   if (live) {
@@ -811,8 +809,8 @@ __device__ __forceinline__ void decode_dw_columns(const T* __restrict__ dy, cons
 // dy and w in registers from one round of loads:
 //   s = sum_i dy_i * w_i * x_i (this thread's vectors in order, then block_sum)
 //   dx_i = T(rstd * dy_i * w_i - x_i * rstd^3 * s / N)
-//   dW_i = W(dy_i * x_i * rstd) with one row; with more, the CTAs after the rows
-//   sum dW by columns (decode_dw_columns).
+//   dW_i = W(dy_i * x_i * rstd), written by the row's CTA when the grid has no
+//   column CTAs (a single row of at most 8 KB of dW), else by them (decode_dw_columns).
 // Latency-bound: one launch, no row loop or layout, w kept from the sum for dx.
 
 template <typename T, typename W, typename AccT, int V, int Vpt>
