@@ -365,6 +365,35 @@ def test_backward_out_writes_every_row_over_dirty_buffers(device, mode, dim):
     assert unused.sum() > num_weights // 2 and torch.equal(gw.cpu()[unused], torch.zeros(int(unused.sum()), dim))
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("num_weights", [65535, 65536, 262143, 262144])
+def test_backward_sort_key_widths(device, mode, num_weights):
+    # The sort keys lie in [0, num_weights]: 16, 17, 18 and 19 bits. CUDA sorts 17- and
+    # 18-bit keys in 9-bit digits (two passes), the others in 8-bit ones. Hot rows at
+    # both ends of the range, so that both digits of the top pass carry long runs.
+    n, dim = 40000, 8
+    idx = torch.randint(0, num_weights, (n,), device=device)
+    idx[::97] = num_weights - 1
+    idx[1::89] = 0
+    idx[2::83] = num_weights // 2 + 1
+    off = torch.arange(0, n, 8, device=device)
+    w = torch.randn(num_weights, dim, device=device)
+    out, o2b, bag_size, mp = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, -1)
+    grad = torch.randn_like(out)
+    desc = baracuda_ops.EmbeddingBagBackwardDescriptor(num_weights, dim, (n,), off.numel(), mode, device=device)
+    if device.type == "cuda":
+        wide = num_weights in (65536, 262143)
+        assert f",radix{9 if wide else 8}," in baracuda_ops.EmbeddingBagBackwardPlan.select(desc).sku().variant
+    gw = torch.ops.baracuda.embedding_bag_backward(grad, idx, o2b, bag_size, mp, num_weights, MODE_ENUM[mode], None,
+                                                   -1)
+    ref, w64, _ = reference(idx, w, off, mode)
+    (ref_dw,) = torch.autograd.grad(ref, w64, grad.cpu().double())
+    assert_close(gw, ref_dw, dtype=torch.float32, scale=4)
+    again = torch.ops.baracuda.embedding_bag_backward(grad, idx, o2b, bag_size, mp, num_weights, MODE_ENUM[mode],
+                                                      None, -1)
+    assert torch.equal(gw, again)
+
+
 def test_plan_errors(device):
     desc = baracuda_ops.EmbeddingBagDescriptor(25, 8, (40,), 7, "sum", device=device)
     plan = baracuda_ops.EmbeddingBagPlan.select(desc)

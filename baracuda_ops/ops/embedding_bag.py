@@ -518,7 +518,8 @@ def random_bags(num_bags: int, mean_bag: int, device) -> torch.Tensor:
 def sanitizer_cases():
     """Bad inputs for compute-sanitizer (tools/sanitizer_smoke.py): out-of-range and negative
     indices and broken offsets, forward and both backwards, every mode. The kernels must flag
-    the bags (NaN row, bag_size -1) without reading or writing out of bounds."""
+    the bags (NaN row, bag_size -1) without reading or writing out of bounds. Then a
+    backward whose sort keys take 17 bits (sorted in 9-bit digits on CUDA)."""
 
     def run(device):
         for mode in (0, 1, 2):
@@ -534,6 +535,13 @@ def sanitizer_cases():
                     torch.ops.baracuda.embedding_bag_backward(g, idx, o2b, size, maxpos, 10, mode, psw, -1)
                     if mode == 0:
                         torch.ops.baracuda.embedding_bag_per_sample_weights_backward(g, w, idx, o2b, mode, -1)
+        for mode in (0, 1, 2):
+            w = torch.randn(70000, 8, device=device)
+            idx = torch.randint(0, 70000, (5000,), device=device)
+            out, o2b, size, maxpos = torch.ops.baracuda.embedding_bag(
+                w, idx, torch.arange(0, 5000, 10, device=device), mode, None, False, -1)
+            torch.ops.baracuda.embedding_bag_backward(torch.randn_like(out), idx, o2b, size, maxpos, 70000, mode, None,
+                                                      -1)
         torch.cuda.synchronize()
 
     return [run]
