@@ -366,6 +366,28 @@ def test_backward_out_writes_every_row_over_dirty_buffers(device, mode, dim):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_backward_early_fill_over_many_rows(device, mode):
+    # 200000 rows of 64 float32 for 20000 indices: the fill of unused rows starts early
+    # on CUDA, where its grid (a share of the SMs) walks the rows several times over.
+    num_weights, dim, n = 200_000, 64, 20_000
+    idx = torch.randint(0, num_weights, (n,), device=device)
+    off = torch.arange(0, n, 4, device=device)
+    w = torch.randn(num_weights, dim, device=device)
+    out, o2b, bag_size, mp = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, -1)
+    grad = torch.randn_like(out)
+    desc = baracuda_ops.EmbeddingBagBackwardDescriptor(num_weights, dim, (n,), off.numel(), mode, device=device)
+    plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
+    if device.type == "cuda":
+        assert plan.sku().variant.endswith("early_zero_fill>")
+    gw = poison(torch.empty(num_weights, dim, device=device))
+    plan.run(baracuda_ops.EmbeddingBagBackwardArgs(grad, idx, o2b, bag_size, mp, gw),
+             baracuda_ops.Workspace.allocate(plan.workspace_size(), device))
+    ref, w64, _ = reference(idx, w, off, mode)
+    (ref_dw,) = torch.autograd.grad(ref, w64, grad.cpu().double())
+    assert_close(gw, ref_dw, dtype=torch.float32, scale=4)
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_weights", [65535, 65536, 262143, 262144])
 def test_backward_sort_key_widths(device, mode, num_weights):
     # The sort keys lie in [0, num_weights]: 16, 17, 18 and 19 bits. CUDA sorts 17- and

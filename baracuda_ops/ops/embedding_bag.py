@@ -519,7 +519,8 @@ def sanitizer_cases():
     """Bad inputs for compute-sanitizer (tools/sanitizer_smoke.py): out-of-range and negative
     indices and broken offsets, forward and both backwards, every mode. The kernels must flag
     the bags (NaN row, bag_size -1) without reading or writing out of bounds. Then a
-    backward whose sort keys take 17 bits (sorted in 9-bit digits on CUDA)."""
+    backward whose sort keys take 17 bits (sorted in 9-bit digits on CUDA) and whose
+    fill of unused rows starts early (grad_weight large for the number of indices)."""
 
     def run(device):
         for mode in (0, 1, 2):
@@ -536,7 +537,7 @@ def sanitizer_cases():
                     if mode == 0:
                         torch.ops.baracuda.embedding_bag_per_sample_weights_backward(g, w, idx, o2b, mode, -1)
         for mode in (0, 1, 2):
-            w = torch.randn(70000, 8, device=device)
+            w = torch.randn(70000, 64, device=device)
             idx = torch.randint(0, 70000, (5000,), device=device)
             out, o2b, size, maxpos = torch.ops.baracuda.embedding_bag(
                 w, idx, torch.arange(0, 5000, 10, device=device), mode, None, False, -1)

@@ -41,7 +41,10 @@ constexpr int64_t kSweepSmemBytes = 48 * 1024;  // backward: the sweep's shared 
 constexpr int64_t kChunk = 64;      // backward: sorted positions per chunk
 constexpr int64_t kGroup = 32;      // backward: chunks per group partial
 constexpr int64_t kU32Limit = 0xffffffff;  // backward: sort keys, positions and run ends are uint32
-constexpr int kZeroRowsPerSm = 2;          // backward: CTAs per SM of the unused-row fill (it shares the GPU)
+constexpr int kLateFillThreads = 256;      // backward, late fill: CTAs of this many threads,
+constexpr int kLateFillCtasPerSm = 2;      //   this many per SM (it shares the GPU with the sums)
+constexpr int kEarlyFillThreads = 1024;    // backward, early fill: one CTA of this many threads on a share
+                                           //   of the SMs (fill_shape; the sort has the others)
 constexpr int64_t kEarlyFillBytes = 512;   // backward: grad_weight bytes per index from which the fill starts early
 
 // ---------------------------------------------------------------------------
@@ -694,16 +697,15 @@ __global__ void __launch_bounds__(kThreads)
 // Step (5), rows with no run: zeroed, streaming stores. A warp takes 32 rows at
 // a time, lane l loading row l's byte of the used-row map (the next 32 rows'
 // bytes in flight while it stores); its 32 / team sub-teams of `team` lanes take
-// rows r, r + 32 / team, ... It runs on a second stream, beside the sort and
-// the sums or the sums only (early_fill), on kZeroRowsPerSm CTAs per SM (a
-// grid-stride loop) so that their kernels find room beside it.
+// rows r, r + 32 / team, ... It runs on a second stream (a grid-stride loop of
+// few CTAs, fill_shape), beside the sort and the sums or the sums only (early_fill).
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kEarlyFillThreads)
     zero_unused_rows_kernel(const uint8_t* __restrict__ used_rows, int64_t num_weights, int64_t dim,
                             T* __restrict__ grad_weight, int team) {
   const int lane = threadIdx.x % 32, sub = lane / team, tl = lane % team, subs = 32 / team;
   const int64_t groups = ceil_div<int64_t>(num_weights, 32);  // of 32 rows
-  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   cuda::Vec<T, V> zeros;
 #pragma unroll
   for (int k = 0; k < V; ++k) zeros.v[k] = T(0);
@@ -711,7 +713,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t v = g * 32 + lane;
     return g < groups && v < num_weights ? used_rows[v] : uint8_t(0);
   };
-  int64_t g = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  int64_t g = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   uint8_t mine = used_byte(g);
   for (; g < groups; g += warps) {
     const uint8_t next = used_byte(g + warps);
@@ -725,6 +727,31 @@ __global__ void __launch_bounds__(kThreads)
     }
     mine = next;
   }
+}
+
+// The unused-row fill's grid. Early (beside the sort): one CTA of kEarlyFillThreads
+// on half the SMs (two thirds in max mode). A CTA that holds an SM sets its
+// shared-memory carveout to its own need (none), so CUB's sort kernels, launched
+// after it, found no SM they fit on and waited: at V = 4e6, D = 64 bf16 Zipf the
+// sort's histogram kernel took 121 instead of 5 us beside 2 CTAs of 256 threads on
+// every SM. Measured on the H100, us, against that grid (each line one process):
+// V = 1e6, D = 128 float32 241.6 -> 217.8, V = 4e6, D = 64 bf16 Zipf 289.8 -> 270.1,
+// V = 1e6, D = 256 bf16 279.2 -> 244.5; fewer SMs starved the fill (a third: 294.1,
+// 350.5 and 298.5), more left the sort less room (two thirds: 217.2, 279.2 and
+// 250.3), except in max mode (V = 1e6, D = 128 float32: 274.4 on half, 258.3 on two
+// thirds, 262-268 before). Late (beside the sums only): kLateFillCtasPerSm CTAs of
+// kLateFillThreads on every SM, which stayed best there (V = 4e6, D = 64 bag 100
+// Zipf 443.5 us, 465.3 with the early grid).
+struct FillShape {
+  int64_t blocks;
+  int threads;
+};
+
+FillShape fill_shape(bool early, bool max_mode, int64_t num_weights) {
+  const int64_t sms = cuda::num_sms();
+  const int threads = early ? kEarlyFillThreads : kLateFillThreads;
+  const int64_t most = !early ? sms * kLateFillCtasPerSm : max_mode ? sms * 2 / 3 : sms / 2;
+  return {std::max<int64_t>(1, std::min(ceil_div<int64_t>(num_weights, threads), most)), threads};  // 32 rows a warp
 }
 
 // Steps (4) and (5) for the rows with a run, on the current stream. The partial and
@@ -825,10 +852,9 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_zero_rows", [&] {
       constexpr int kV = 16 / sizeof(scalar_t);
       auto* kernel = c.vec == kV ? zero_unused_rows_kernel<scalar_t, kV> : zero_unused_rows_kernel<scalar_t, 1>;
-      const int64_t blocks = std::min(ceil_div<int64_t>(num_weights, kThreads),
-                                      int64_t(cuda::num_sms()) * kZeroRowsPerSm);
-      kernel<<<blocks, kThreads, 0, side->stream()>>>(used_rows, num_weights, D,
-                                                      grad_weight.mutable_data_ptr<scalar_t>(), std::min(c.team, 32));
+      const FillShape f = fill_shape(early, mode == kModeMax, num_weights);
+      kernel<<<f.blocks, f.threads, 0, side->stream()>>>(used_rows, num_weights, D,
+                                                        grad_weight.mutable_data_ptr<scalar_t>(), std::min(c.team, 32));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   };
