@@ -324,18 +324,24 @@ __device__ __forceinline__ T warp_sum(T v) {
 }
 
 // Sum across the block in a fixed order; every thread receives the total.
-// `scratch` holds at least blockDim.x / 32 values. Ends with a barrier, so it
-// may be called again with the same scratch.
+// `scratch` holds at least blockDim.x / 32 values. For a block that sums once:
+// scratch must not be written again (no barrier after the read).
 template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
+__device__ __forceinline__ T block_sum_once(T v, T* scratch) {
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int num_warps = (blockDim.x + 31) / 32;
   v = warp_sum(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  T total = lane < num_warps ? scratch[lane] : T(0);
-  total = warp_sum(total);
+  const T total = lane < num_warps ? scratch[lane] : T(0);
+  return warp_sum(total);
+}
+
+// As block_sum_once, then a barrier, so it may be called again with the same scratch.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const T total = block_sum_once(v, scratch);
   __syncthreads();
   return total;
 }
