@@ -102,7 +102,7 @@ int sort_key_bits(int64_t num_weights) {
 bool wide_digits(int end_bit) { return end_bit == 17 || end_bit == 18; }
 
 // CUB's sm_90 tuning for 4-byte keys, values and offsets, with kWideDigitBits digits
-// (its 384 threads, 16 keys a thread: 12 and 23 were slower, 256 threads equal).
+// (its 384 threads, 16 keys a thread: 12 equal or slower, 23 slower, 256 threads equal).
 struct WideDigitPolicy
     : cub::ChainedPolicy<900, WideDigitPolicy, WideDigitPolicy>,
       cub::detail::radix::policy_hub<uint32_t, uint32_t, uint32_t>::OnesweepSmallKeyTunedPolicy<
@@ -738,7 +738,7 @@ __global__ void __launch_bounds__(kEarlyFillThreads)
 // V = 1e6, D = 128 float32 241.6 -> 217.8, V = 4e6, D = 64 bf16 Zipf 289.8 -> 270.1,
 // V = 1e6, D = 256 bf16 279.2 -> 244.5; fewer SMs starved the fill (a third: 294.1,
 // 350.5 and 298.5), more left the sort less room (two thirds: 217.2, 279.2 and
-// 250.3), except in max mode (V = 1e6, D = 128 float32: 274.4 on half, 258.3 on two
+// 250.3, equal or slower), except in max mode (V = 1e6, D = 128 float32: 274.4 on half, 258.3 on two
 // thirds, 262-268 before). Late (beside the sums only): kLateFillCtasPerSm CTAs of
 // kLateFillThreads on every SM, which stayed best there (V = 4e6, D = 64 bag 100
 // Zipf 443.5 us, 465.3 with the early grid).
