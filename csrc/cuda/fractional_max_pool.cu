@@ -1433,19 +1433,20 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   if (c.boxes) {
     launch_fmp_backward_boxes<scalar_t, IndexT, Dims>(g, c, dy, idx, dx, strays);
   } else {
-  auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
-                           : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
-  const int smem = static_cast<int>(c.smem_bytes);
-  const int64_t block_smem = smem + 4 + kLaterCap * int64_t(4 + sizeof(acc_t)) + 32 * int64_t(sizeof(IndexT));  // + static
-  TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
-                              fmp_op_name(g.dims, true), ": needs ", block_smem,
-                              " bytes of shared memory per block, the device allows ",
-                              cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
-  cuda::allow_dynamic_smem(kernel, smem);
-  const int64_t grid = std::min<int64_t>(p.blocks, int64_t(1) << 30);
-  kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
-                                               dx.mutable_data_ptr<scalar_t>(), strays, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
+                             : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
+    const int smem = static_cast<int>(c.smem_bytes);
+    const int64_t block_smem =  // + the static shared memory
+        smem + 4 + kLaterCap * int64_t(4 + sizeof(acc_t)) + 32 * int64_t(sizeof(IndexT));
+    TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
+                                fmp_op_name(g.dims, true), ": needs ", block_smem,
+                                " bytes of shared memory per block, the device allows ",
+                                cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+    cuda::allow_dynamic_smem(kernel, smem);
+    const int64_t grid = std::min<int64_t>(p.blocks, int64_t(1) << 30);
+    kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
+                                                 dx.mutable_data_ptr<scalar_t>(), strays, p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int64_t fixup_target = kFixupBlocksPerSm * cuda::num_sms();
   const int group = static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(g.planes(), fixup_target), 1, 32));
