@@ -730,11 +730,11 @@ __global__ void __launch_bounds__(kEarlyFillThreads)
 }
 
 // The unused-row fill's grid. Early (beside the sort): one CTA of kEarlyFillThreads
-// on half the SMs (two thirds in max mode). A CTA that holds an SM sets its
-// shared-memory carveout to its own need (none), so CUB's sort kernels, launched
-// after it, found no SM they fit on and waited: at V = 4e6, D = 64 bf16 Zipf the
-// sort's histogram kernel took 121 instead of 5 us beside 2 CTAs of 256 threads on
-// every SM. Measured on the H100, us, against that grid (each line one process):
+// on half the SMs (two thirds in max mode). Beside 2 CTAs of 256 threads on every
+// SM, CUB's sort kernels, launched after them, waited for room: at V = 4e6, D = 64
+// bf16 Zipf the sort's histogram kernel took 121 instead of 5 us (the likeliest
+// reading: an SM holding fill CTAs keeps the shared-memory carveout of a kernel that
+// needs none, so kernels that need some do not fit there until they leave). Measured on the H100, us, against that grid (each line one process):
 // V = 1e6, D = 128 float32 241.6 -> 217.8, V = 4e6, D = 64 bf16 Zipf 289.8 -> 270.1,
 // V = 1e6, D = 256 bf16 279.2 -> 244.5; fewer SMs starved the fill (a third: 294.1,
 // 350.5 and 298.5), more left the sort less room (two thirds: 217.2, 279.2 and
