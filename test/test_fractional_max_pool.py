@@ -378,6 +378,20 @@ def _crowded_indices(x, dims, k, out):
     return i
 
 
+def _check_backward_flags(dims, x, k, out, i, variant, flags_per_plane):
+    """The backward of random grads at indices i equals the CPU kernel's, run to run; on
+    CUDA it takes `variant` and leaves these stray flags (one block per plane)."""
+    g = random(i.shape, x.dtype, x.device)
+    dx = _bw(dims)(g, x, list(k), list(out), i)
+    assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
+    assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
+    if x.device.type == "cuda":
+        assert _backward_plan(dims, tuple(x.shape), k, out, x.dtype, x.device).sku().variant == variant
+        dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
+        assert torch.equal(dx2, dx)
+        assert torch.equal(flags.cpu(), flags_per_plane.flatten())
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("dims", [2, 3])
 def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
@@ -390,20 +404,9 @@ def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
     # plane equals the CPU kernel's result.
     shape, k, out = ((2, 3, 17, 17), (2, 2), (8, 8)) if dims == 2 else ((2, 2, 9, 9, 9), (2, 2, 2), (4, 4, 4))
     x = random(shape, dtype, device)
-    i = _crowded_indices(x, dims, k, out)
-    g = random(i.shape, dtype, device)
-    dx = _bw(dims)(g, x, list(k), list(out), i)
-    cpu = _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())
-    assert torch.equal(dx.cpu(), cpu)
-    assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
-    if device.type == "cuda":
-        plan = _backward_plan(dims, shape, k, out, dtype, device)
-        assert plan.sku().variant == "tile_stores<i32>+stray_fixup"
-        dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
-        assert torch.equal(dx2, dx)
-        scanned = torch.zeros(shape[:2], dtype=torch.int32)  # one tile per plane
-        scanned[0, 1] = scanned[1, 1] = 1
-        assert torch.equal(flags.cpu(), scanned.flatten())
+    scanned = torch.zeros(shape[:2], dtype=torch.int32)  # one tile per plane
+    scanned[0, 1] = scanned[1, 1] = 1
+    _check_backward_flags(dims, x, k, out, _crowded_indices(x, dims, k, out), "tile_stores<i32>+stray_fixup", scanned)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -419,19 +422,10 @@ def test_backward_owned_boxes_movers_and_strays(device, dims, dtype):
     x = random(shape, dtype, device)
     i = _crowded_indices(x, dims, k, out)
     i[1][0][(0,) * dims] = math.prod(shape[-dims:]) - 1  # the last element: a stray
-    g = random(i.shape, dtype, device)
-    dx = _bw(dims)(g, x, list(k), list(out), i)
-    assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
-    assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
-    if device.type == "cuda":
-        plan = _backward_plan(dims, shape, k, out, dtype, device)
-        assert plan.sku().variant == "owned_boxes<i32>+stray_fixup"
-        dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
-        assert torch.equal(dx2, dx)
-        expected = torch.zeros(shape[:2], dtype=torch.int32)  # one block per plane
-        expected[0, 0] = expected[0, 1] = expected[1, 1] = 2
-        expected[1, 0] = 1
-        assert torch.equal(flags.cpu(), expected.flatten())
+    expected = torch.zeros(shape[:2], dtype=torch.int32)  # one block per plane
+    expected[0, 0] = expected[0, 1] = expected[1, 1] = 2
+    expected[1, 0] = 1
+    _check_backward_flags(dims, x, k, out, i, "owned_boxes<i32>+stray_fixup", expected)
 
 
 @pytest.mark.parametrize("dims", [2, 3])
