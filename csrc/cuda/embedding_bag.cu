@@ -757,7 +757,10 @@ FillShape fill_shape(bool early, bool max_mode, int64_t num_weights) {
 // Steps (4) and (5) for the rows with a run, on the current stream. The partial and
 // crossing-row kernels launch early (beside the sweep's last CTAs): until they wait
 // for the sweep they read only the sorted keys and run ends, written before it
-// began (on the H100 1-5 us less per backward).
+// began (on the H100 1-5 us less per backward). group_partials_kernel's CTAs may
+// end without waiting; crossing_rows_kernel's wait still covers the sweep, as
+// griddepcontrol.wait waits for every prerequisite grid in flight (checked on the
+// H100 with a three-kernel probe, session 25: 0 stale reads in 50).
 template <typename T, typename AccT, int V>
 void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys,
                               const uint32_t* run_end, const BackwardLayout& l, char* ws, int64_t n,
