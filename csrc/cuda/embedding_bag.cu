@@ -546,9 +546,8 @@ __device__ __forceinline__ void store_sums(Out* p, const AccT (&acc)[V]) {
 // it they ran 1-13% slower on the H100). Rows of grad_weight are stored evict-first,
 // as the fill's: faster than plain stores at every benchmark case (H100, one process,
 // session 25: 0.2-16%, V = 1e6, D = 256 bf16 257.6 -> 217.2 us); plain stores in the
-// fill instead were up to 7% slower. Registers: 3
-// CTAs per SM for 4-byte elements (80 registers); 16-bit and float64 elements would
-// spill there, so 2.
+// fill instead were up to 7% slower. Registers: 3 CTAs per SM for 4-byte elements
+// (80 registers); 16-bit and float64 elements would spill there, so 2.
 template <typename AccT>
 int64_t sweep_smem_bytes(int chunks, int64_t staged_won_words) {
   return int64_t(chunks) * kChunk * ((3 + staged_won_words) * sizeof(uint32_t) + sizeof(AccT));
