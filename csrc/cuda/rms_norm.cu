@@ -546,6 +546,26 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 // ---------------------------------------------------------------------------
+// Decode kernels: a thread's vectors q = j * blockDim.x + threadIdx.x (j < Vpt) of
+// row `row` of x, of dy (kDy), and of w at the same columns, every load issued before
+// any is used; vectors past the row's end keep the caller's zeros.
+template <typename T, typename W, typename AccT, int V, int Vpt, bool kDy>
+__device__ __forceinline__ void load_decode_row(const T* __restrict__ x, const T* __restrict__ dy,
+                                                const W* __restrict__ w, int64_t row, int N,
+                                                cuda::RawVec<T, V> (&xv)[Vpt], cuda::RawVec<T, V> (&gv)[Vpt],
+                                                AccT (&wv)[Vpt][V]) {
+  const int nv = N / V;
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * blockDim.x + threadIdx.x;
+    if (q < nv) {
+      xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
+      if constexpr (kDy) gv[j] = cuda::load_raw<T, V>(dy + row * N + int64_t(q) * V);
+      load_weight<AccT, W, V>(w, int64_t(q) * V, wv[j]);
+    }
+  }
+}
+
 // Forward of decode rows (no more rows than SMs, a CTA each):
 // CTA b holds row b, Vpt vectors of V elements per thread (vector q = j *
 // blockDim.x + threadIdx.x), x and w in registers from one round of loads:
@@ -561,16 +581,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
   __shared__ AccT scratch[32];
   const int nv = N / V;
   const int64_t row = blockIdx.x;
-  cuda::RawVec<T, V> xv[Vpt] = {};
+  cuda::RawVec<T, V> xv[Vpt] = {}, unused[Vpt];
   AccT wv[Vpt][V] = {};
-#pragma unroll
-  for (int j = 0; j < Vpt; ++j) {
-    const int q = j * blockDim.x + threadIdx.x;
-    if (q < nv) {
-      xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
-      load_weight<AccT, W, V>(w, int64_t(q) * V, wv[j]);
-    }
-  }
+  load_decode_row<T, W, AccT, V, Vpt, false>(x, nullptr, w, row, N, xv, unused, wv);
   const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
   const AccT ss = cuda::block_sum_once(sum_of_squares<AccT, T, V>(xv), scratch);
   const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
@@ -825,15 +838,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t row = blockIdx.x;
   cuda::RawVec<T, V> xv[Vpt] = {}, gv[Vpt] = {};
   AccT wv[Vpt][V] = {};
-#pragma unroll
-  for (int j = 0; j < Vpt; ++j) {
-    const int q = j * blockDim.x + threadIdx.x;
-    if (q < nv) {
-      xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
-      gv[j] = cuda::load_raw<T, V>(dy + row * N + int64_t(q) * V);
-      load_weight<AccT, W, V>(w, int64_t(q) * V, wv[j]);
-    }
-  }
+  load_decode_row<T, W, AccT, V, Vpt, true>(x, dy, w, row, N, xv, gv, wv);
   const AccT r = rstd[row];
   const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
   const auto g_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(gv[j], i); };
