@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
                             IndexT items_per_head, IndexT items_per_chunk, int segments_log2, IndexT segment_len,
                             IndexT row_vectors, IntDivider<IndexT> queries, IndexT heads) {
   cuda::start_next_grid();  // alibi_slope_combine_kernel may take free slots now
-  __shared__ AccT scratch[kThreads / 32];
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
   const IndexT h = blockIdx.x, chunk = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const IndexT begin = chunk * items_per_chunk;

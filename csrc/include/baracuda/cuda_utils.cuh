@@ -323,24 +323,46 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
-// Sum across the block in a fixed order; every thread receives the total.
-// `scratch` holds at least blockDim.x / 32 values. For a block that sums once:
-// scratch must not be written again (no barrier after the read).
+// Shared memory for block_sum: a sum per warp, 16-byte aligned for its reads.
 template <typename T>
-__device__ __forceinline__ T block_sum_once(T v, T* scratch) {
+struct alignas(16) BlockSumScratch {
+  T warp[32];
+};
+
+// Sum across the block in a fixed order; every thread receives the total. Each
+// warp's sum (warp_sum) goes to scratch, zeros after the last warp's; then lane l
+// of every warp reads 16 bytes of warp sums (read l % 8 of four floats, or l % 16
+// of two doubles), adds them pairwise ((s0 + s1) + (s2 + s3)), and a butterfly
+// adds the reads: three dependent shuffles for float where a second warp_sum takes
+// five (rms_norm decode forward, H100: 0.00-0.09 us a call less, median 0.01, in
+// two runs against one baseline). For a block that sums once: scratch must not be
+// written again (no barrier after the read).
+template <typename T>
+__device__ __forceinline__ T block_sum_once(T v, BlockSumScratch<T>& scratch) {
+  constexpr int kPerRead = 16 / sizeof(T);
+  constexpr int kReads = 32 / kPerRead;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int num_warps = (blockDim.x + 31) / 32;
   v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
+  if (lane == 0) scratch.warp[warp] = v;
+  if (warp == 0 && lane >= num_warps) scratch.warp[lane] = T(0);
   __syncthreads();
-  const T total = lane < num_warps ? scratch[lane] : T(0);
-  return warp_sum(total);
+  Vec<T, kPerRead> s = load_vec<T, kPerRead>(scratch.warp + (lane % kReads) * kPerRead);
+#pragma unroll
+  for (int width = kPerRead / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) s.v[i] = s.v[2 * i] + s.v[2 * i + 1];
+  }
+  T total = s.v[0];
+#pragma unroll
+  for (int offset = kReads / 2; offset > 0; offset >>= 1) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return total;
 }
 
 // As block_sum_once, then a barrier, so it may be called again with the same scratch.
 template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* scratch) {
+__device__ __forceinline__ T block_sum(T v, BlockSumScratch<T>& scratch) {
   const T total = block_sum_once(v, scratch);
   __syncthreads();
   return total;
