@@ -10,7 +10,8 @@
 //   - decode rows (no more rows than SMs, latency-bound): kernels of their own
 //     (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel), a CTA a row at 1
 //     or 2 vectors per thread (forward float32: up to kVpt; forward at most 512
-//     threads, backward up to 1024), w loaded together with x;
+//     threads, backward up to 1024), w loaded together with x and kept as loaded
+//     (RawWeight) until used;
 //   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
