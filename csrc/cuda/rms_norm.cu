@@ -1129,6 +1129,12 @@ void with_bwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
   TORCH_CHECK(false, "rms_norm_backward: no single-row kernel for ", c.vpt, " vectors of ", V, " per thread");
 }
 
+// 1 / N for the decode kernels' mean, sum * (1 / N), computed once on the host.
+template <typename AccT>
+AccT inverse_row_length(int64_t n) {
+  return AccT(1) / static_cast<AccT>(n);
+}
+
 // For half inputs the smaller count of the two weight types' kernels: the
 // choice, and so the dW workspace a Plan reports, cannot depend on the weight.
 int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward) {
@@ -1193,7 +1199,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
         } else if (c.decode_rows) {
           with_fwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
             cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp,
-                         static_cast<int>(rows.N), static_cast<acc_t>(e), acc_t(1) / static_cast<acc_t>(rows.N));
+                         static_cast<int>(rows.N), static_cast<acc_t>(e), inverse_row_length<acc_t>(rows.N));
           });
         } else {
           with_fwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto* kernel) {
@@ -1278,7 +1284,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
             const int64_t col_smem = c.dw_columns > 0 ? int64_t(c.block) * V * acc_bytes : 0;  // decode_dw_columns
             cuda::launch(kernel, {.grid = dim3(c.clusters + c.dw_columns), .block = dim3(c.block), .smem = col_smem},
                          gp, xp, rp, wp, dxp, dwp, static_cast<int>(rows.M), static_cast<int>(rows.N),
-                         acc_t(1) / static_cast<acc_t>(rows.N));
+                         inverse_row_length<acc_t>(rows.N));
           });
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
