@@ -487,14 +487,18 @@ def test_cuda_variants_follow_row_length():
         baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, device="cuda"))
     assert one_row.sku().variant == "decode_row<512,16B,1 vector/thread>+direct_dw"
     assert one_row.workspace_size() == 0  # one row group
-    # Decode rows (no more rows than SMs, a CTA each): forward 1 or 2 vectors a
-    # thread (float32 up to 4) in at most 512 threads.
+    # Decode rows (no more rows than SMs, a CTA each): forward in at most 256
+    # threads of up to 4 vectors (float32 up to 8; float64 2, then 512 threads of 2).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert variant(4096, torch.bfloat16, m=sms) == "decode_row<512,16B,1 vector/thread>"
+    assert variant(2048, torch.bfloat16, m=1) == "decode_row<256,16B,1 vector/thread>"
+    assert variant(4096, torch.bfloat16, m=sms) == "decode_row<256,16B,2 vectors/thread>"
     assert variant(4096, torch.bfloat16, m=sms + 1) == "cta_row<128,16B>"
-    assert variant(8192, torch.bfloat16, m=8) == "decode_row<512,16B,2 vectors/thread>"
-    assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 4 per thread
-    assert variant(8192, torch.float32, m=8) == "decode_row<512,16B,4 vectors/thread>"
+    assert variant(6000, torch.bfloat16, m=2) == "decode_row<192,16B,4 vectors/thread>"
+    assert variant(8192, torch.bfloat16, m=8) == "decode_row<256,16B,4 vectors/thread>"
+    assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 8 per thread
+    assert variant(4096, torch.float32, m=8) == "decode_row<256,16B,4 vectors/thread>"
+    assert variant(8192, torch.float32, m=8) == "decode_row<256,16B,8 vectors/thread>"
+    assert variant(2048, torch.float64, m=8) == "decode_row<512,16B,2 vectors/thread>"
     assert variant(8192, torch.float32, m=sms + 1) == "cta_row<512,16B>"
     # Backward: up to 512 threads of 1 vector, then of 2, then 1024 threads of 2.
     # A single row writes its dW itself up to 8 KB of it, else column CTAs beside it do.

@@ -8,10 +8,10 @@
 // so x (and dy) are read from memory exactly once; the row's sum is a fixed-order
 // shuffle / block / cluster reduction. Vpt = kVpt = 4, except:
 //   - decode rows (no more rows than SMs, latency-bound): kernels of their own
-//     (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel), a CTA a row at 1
-//     or 2 vectors per thread (forward float32: up to kVpt; forward at most 512
-//     threads, backward up to 1024), w loaded together with x and kept as loaded
-//     (RawWeight) until used;
+//     (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel), a CTA a row;
+//     forward at most 256 threads of 1 to 8 vectors (fwd_decode_max_vpt),
+//     backward 1 or 2 vectors in up to 1024 threads; w loaded together with x
+//     and kept as loaded (RawWeight) until used;
 //   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
@@ -105,6 +105,10 @@ int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 
 int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward);  // after the kernels
 
 
+// The decode forward's vectors per thread, at most, for 16-byte vectors of `elem`-byte
+// elements (rms_norm_fwd_decode_kernel is instantiated for these).
+constexpr int fwd_decode_max_vpt(int64_t elem) { return elem == 2 ? 4 : elem == 4 ? 8 : 2; }
+
 // Whether decode rows' dW is summed by column CTAs beside the rows (decode_dw_columns):
 // for more than one row, and for a single row whose dW exceeds 8 KB, where the row's
 // CTA alone moved too many bytes through its SM (same build, one process, us: [1,
@@ -164,8 +168,13 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // Decode rows: no more rows than SMs, a CTA each, latency-bound. The decode
   // kernels (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel) hold the row
   // in registers from one round of loads, w included, with no row loop or layout.
-  // Forward: 1 or 2 vectors per thread (float32: up to kVpt; 16-bit and float64
-  // elements spill there), at most 512 threads (1024-thread CTAs measured slower).
+  // Forward: at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors
+  // (fwd_decode_max_vpt: 16-bit elements up to 4, float32 up to 8, float64 up to 2,
+  // then 512 threads of 2). Since every load issues before any is used, 256
+  // threads beat 512 of half the vectors at 16 of the 18 decode shapes, equal at
+  // the others (same build, one process, us: [8, 4096] bf16 with a float32 weight
+  // 1.81 -> 1.73, [1, 4096] bf16 1.64 -> 1.62, [8, 8192] float32 2.43 -> 2.38); 128
+  // threads were slower ([1, 4096] float32 1.78 -> 1.83). 1024-thread CTAs too.
   // Backward: at most 512 threads of 1 vector, then of 2, then 1024 threads of 2
   // (kDecodeVpt). Same build, one process (H100, us), against the general kernel's
   // few-rows form (a CTA each, at most 8 elements a thread) or the 8-CTA cluster:
@@ -178,15 +187,16 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // in CTAs beside the rows instead of from partial rows by a second kernel: [8,
   // 4096] bf16 3.72 -> 2.09 us, [32, 8192] bf16 5.39 -> 2.66, float32 5.36 -> 3.47.
   if (!c.looped && c.group == c.block && c.vec * elem == 16 && M <= cuda::num_sms()) {
-    using Spreads = std::array<std::pair<int, int>, 3>;  // (vectors per thread, threads at most), in order
-    constexpr Spreads kFwdSpreads{{{1, kBwdMaxThreads}, {2, kBwdMaxThreads}, {kVpt, kBwdMaxThreads}}};
-    constexpr Spreads kBwdSpreads{{{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads}}};
+    using Spreads = std::array<std::pair<int, int>, 5>;  // (vectors per thread, threads at most), in order
+    constexpr Spreads kFwdSpreads{{{1, 256}, {2, 256}, {4, 256}, {8, 256}, {2, kBwdMaxThreads}}};
+    constexpr Spreads kBwdSpreads{{{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads},
+                                   {kDecodeVpt, kMaxThreads}, {kDecodeVpt, kMaxThreads}}};
     for (const auto& [vpt, cap] : backward ? kBwdSpreads : kFwdSpreads) {
       const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
       // The backward's dW column CTAs run beside the rows, in one wave (at most 64
       // registers a thread: kMaxThreads / threads CTAs an SM).
       const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, kDwColumnVectors) : 0);
-      if (threads <= cap && (backward || vpt <= 2 || elem == 4) &&
+      if (threads <= cap && (backward || vpt <= fwd_decode_max_vpt(elem)) &&
           ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
         c.decode_rows = true;
         c.vpt = vpt;
@@ -1104,14 +1114,17 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(kernel) with the decode forward kernel of the choice's vectors per thread
-// (1, 2, or kVpt for float32; 16-byte vectors, as choose_rms picks decode rows).
+// (1, 2, 4 or 8, up to fwd_decode_max_vpt; 16-byte vectors, as choose_rms picks decode rows).
 template <typename T, typename W, typename AccT, int V, typename Fn>
 void with_fwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     if (c.vpt == 1) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 1>);
     if (c.vpt == 2) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 2>);
-    if constexpr (sizeof(T) == 4) {
-      if (c.vpt == kVpt) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, kVpt>);
+    if constexpr (fwd_decode_max_vpt(sizeof(T)) >= 4) {
+      if (c.vpt == 4) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 4>);
+    }
+    if constexpr (fwd_decode_max_vpt(sizeof(T)) >= 8) {
+      if (c.vpt == 8) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 8>);
     }
   }
   TORCH_CHECK(false, "rms_norm: no decode kernel for ", c.vpt, " vectors of ", V, " per thread");
