@@ -314,6 +314,21 @@ __device__ __forceinline__ void start_next_grid() {
 #endif
 }
 
+// v[0] + ... + v[K-1] as a balanced tree of pairs, ((v0 + v1) + (v2 + v3)) + ...:
+// a fixed order with log2(K) dependent adds instead of K, for a thread's sum of
+// terms that are all at hand (rms_norm's decode kernels: the last load's arrival
+// to the block sum is their critical path). A recursion, not a loop over widths:
+// written as that loop, ptxas kept the terms in a stack frame.
+template <int K, typename T>
+__device__ __forceinline__ T tree_sum(const T* v) {
+  static_assert(K > 0 && (K & (K - 1)) == 0, "tree_sum: a power of two of terms");
+  if constexpr (K == 1) {
+    return v[0];
+  } else {
+    return tree_sum<K / 2>(v) + tree_sum<K / 2>(v + K / 2);
+  }
+}
+
 // Sum across a warp with a fixed butterfly order: every lane gets the same,
 // run-to-run identical result.
 template <typename T>
