@@ -171,10 +171,10 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // Forward: at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors
   // (fwd_decode_max_vpt: 16-bit elements up to 4, float32 up to 8, float64 up to 2,
   // then 512 threads of 2). Since every load issues before any is used, 256
-  // threads beat 512 of half the vectors at 16 of the 18 decode shapes, equal at
-  // the others (same build, one process, us: [8, 4096] bf16 with a float32 weight
-  // 1.81 -> 1.73, [1, 4096] bf16 1.64 -> 1.62, [8, 8192] float32 2.43 -> 2.38); 128
-  // threads were slower ([1, 4096] float32 1.78 -> 1.83). 1024-thread CTAs too.
+  // threads beat 512 of half the vectors at 15 of the 18 decode shapes, within
+  // 0.01 us at the others (same build, one process, us: [8, 4096] bf16 with a
+  // float32 weight 1.81 -> 1.73, [1, 4096] bf16 1.64 -> 1.62, [8, 8192] float32 2.43
+  // -> 2.38); 128 threads were slower ([1, 4096] float32 1.78 -> 1.83), 1024 too.
   // Backward: at most 512 threads of 1 vector, then of 2, then 1024 threads of 2
   // (kDecodeVpt). Same build, one process (H100, us), against the general kernel's
   // few-rows form (a CTA each, at most 8 elements a thread) or the 8-CTA cluster:
