@@ -58,6 +58,19 @@ __device__ __forceinline__ RawVec<T, N> load_raw(const T* p) {
   return *reinterpret_cast<const RawVec<T, N>*>(p);
 }
 
+// load_raw as a plain (weak, coherent) ld.global of 16 bytes, never the read-only
+// path (ld.global.nc) the compiler picks for a const __restrict__ pointer.
+// (rms_norm's decode backward: measured faster so, its forward not.)
+template <typename T, int N>
+__device__ __forceinline__ RawVec<T, N> load_raw_plain(const T* p) {
+  static_assert(sizeof(T) * N == 16, "load_raw_plain: 16-byte vectors");
+  uint4 w;
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
+  RawVec<T, N> raw;
+  memcpy(&raw, &w, sizeof(raw));
+  return raw;
+}
+
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> from_raw(const RawVec<T, N>& raw) {
   Vec<T, N> v;
