@@ -187,23 +187,30 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // in CTAs beside the rows instead of from partial rows by a second kernel: [8,
   // 4096] bf16 3.72 -> 2.09 us, [32, 8192] bf16 5.39 -> 2.66, float32 5.36 -> 3.47.
   if (!c.looped && c.group == c.block && c.vec * elem == 16 && M <= cuda::num_sms()) {
-    using Spreads = std::array<std::pair<int, int>, 5>;  // (vectors per thread, threads at most), in order
-    constexpr Spreads kFwdSpreads{{{1, 256}, {2, 256}, {4, 256}, {8, 256}, {2, kBwdMaxThreads}}};
-    constexpr Spreads kBwdSpreads{{{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads},
-                                   {kDecodeVpt, kMaxThreads}, {kDecodeVpt, kMaxThreads}}};
-    for (const auto& [vpt, cap] : backward ? kBwdSpreads : kFwdSpreads) {
-      const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
-      // The backward's dW column CTAs run beside the rows, in one wave (at most 64
-      // registers a thread: kMaxThreads / threads CTAs an SM).
-      const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, kDwColumnVectors) : 0);
-      if (threads <= cap && (backward || vpt <= fwd_decode_max_vpt(elem)) &&
-          ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
-        c.decode_rows = true;
-        c.vpt = vpt;
-        c.cluster = 1;
-        c.block = c.group = threads;
-        break;
+    using Spread = std::pair<int, int>;  // (vectors per thread, threads at most), tried in order
+    constexpr std::array<Spread, 5> kFwdSpreads{{{1, 256}, {2, 256}, {4, 256}, {8, 256}, {2, kBwdMaxThreads}}};
+    constexpr std::array<Spread, 3> kBwdSpreads{
+        {{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads}}};
+    const auto take_first_fitting = [&](const auto& spreads) {
+      for (const auto& [vpt, cap] : spreads) {
+        const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
+        // The backward's dW column CTAs run beside the rows, in one wave (at most 64
+        // registers a thread: kMaxThreads / threads CTAs an SM).
+        const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, kDwColumnVectors) : 0);
+        if (threads <= cap && (backward || vpt <= fwd_decode_max_vpt(elem)) &&
+            ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
+          c.decode_rows = true;
+          c.vpt = vpt;
+          c.cluster = 1;
+          c.block = c.group = threads;
+          return;
+        }
       }
+    };
+    if (backward) {
+      take_first_fitting(kBwdSpreads);
+    } else {
+      take_first_fitting(kFwdSpreads);
     }
   }
   // The backward of a single row too long for the decode kernel but not for a
