@@ -360,7 +360,7 @@ struct alignas(16) BlockSumScratch {
 // Sum across the block in a fixed order; every thread receives the total. Each
 // warp's sum (warp_sum) goes to scratch, zeros after the last warp's; then lane l
 // of every warp reads 16 bytes of warp sums (read l % 8 of four floats, or l % 16
-// of two doubles), adds them pairwise ((s0 + s1) + (s2 + s3)), and a butterfly
+// of two doubles), adds them pairwise (tree_sum), and a butterfly
 // adds the reads: three dependent shuffles for float where a second warp_sum takes
 // five (rms_norm decode forward, H100: 0.00-0.09 us a call less, median 0.01, in
 // two runs against one baseline). For a block that sums once: scratch must not be
@@ -376,13 +376,8 @@ __device__ __forceinline__ T block_sum_once(T v, BlockSumScratch<T>& scratch) {
   if (lane == 0) scratch.warp[warp] = v;
   if (warp == 0 && lane >= num_warps) scratch.warp[lane] = T(0);
   __syncthreads();
-  Vec<T, kPerRead> s = load_vec<T, kPerRead>(scratch.warp + (lane % kReads) * kPerRead);
-#pragma unroll
-  for (int width = kPerRead / 2; width > 0; width /= 2) {
-#pragma unroll
-    for (int i = 0; i < width; ++i) s.v[i] = s.v[2 * i] + s.v[2 * i + 1];
-  }
-  T total = s.v[0];
+  const Vec<T, kPerRead> s = load_vec<T, kPerRead>(scratch.warp + (lane % kReads) * kPerRead);
+  T total = tree_sum<kPerRead>(s.v);
 #pragma unroll
   for (int offset = kReads / 2; offset > 0; offset >>= 1) total += __shfl_xor_sync(0xffffffffu, total, offset);
   return total;
