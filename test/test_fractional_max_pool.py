@@ -274,14 +274,15 @@ def test_backward_tiled_planes_and_overlaps(device, dims, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("dims", [2, 3])
-def test_backward_sweep_and_mask_passes(device, dims, dtype):
+def test_backward_sweep_and_many_candidates(device, dims, dtype):
     # The forward sweep's kind of problems (windows from disjoint to kernel = half the
     # input: from 1 to hundreds of cells that can reach one element) and one explicit
-    # problem of more than 32 such cells, whose mask fields take several passes on CUDA;
-    # against the float64 scatter reference, and bit-identical to the CPU kernel (both
-    # add in increasing output-cell order) and run to run.
-    passes = [((2, 3, 20, 20), (6, 6), (15, 15))] if dims == 2 else [((1, 2, 13, 13, 13), (3, 3, 3), (10, 10, 10))]
-    for shape, k, out in _sweep(dims, 24, seed=dims * 100 + 7) + passes:
+    # problem of up to 64 (2d) and 125 (3d) such cells, over which the CUDA kernel sums
+    # an element with three or more contributions again in order; against the float64
+    # scatter reference, and bit-identical to the CPU kernel (both add in increasing
+    # output-cell order) and run to run.
+    many = [((2, 3, 20, 20), (6, 6), (15, 15))] if dims == 2 else [((1, 2, 13, 13, 13), (3, 3, 3), (10, 10, 10))]
+    for shape, k, out in _sweep(dims, 24, seed=dims * 100 + 7) + many:
         x = random(shape, dtype, device)
         _, i = baracuda_ops.__dict__[f"fractional_max_pool{dims}d"](x, k, out, return_indices=True,
                                                                  _random_samples=_samples(x, dims))
@@ -290,10 +291,10 @@ def test_backward_sweep_and_mask_passes(device, dims, dtype):
         assert_close(dx, _scatter_reference(g, i, shape, dims), scale=2.0)
         assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i)), (shape, k, out)
         assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())), (shape, k, out)
-    if device.type == "cuda":  # 64 slot codes (2d: 8 x 8) and 125 (3d: 5 x 5 x 5)
-        shape, k, out = passes[0]
+    if device.type == "cuda":  # up to 64 (2d: 8 x 8) and 125 (3d: 5 x 5 x 5) candidates per element
+        shape, k, out = many[0]
         plan = _backward_plan(dims, shape, k, out, dtype, device)
-        assert plan.sku().variant == f"tile_masks<i32,32 bits,{2 if dims == 2 else 4} passes>+stray_fixup"
+        assert plan.sku().variant == "tile_counts<i32>+stray_fixup"
 
 
 def test_backward_tiles_load_fewest_cells_then_smallest(device):
@@ -390,6 +391,34 @@ def _check_backward_flags(dims, x, k, out, i, variant, flags_per_plane):
         dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
         assert torch.equal(dx2, dx)
         assert torch.equal(flags.cpu(), flags_per_plane.flatten())
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_backward_overlapping_counts_and_strays(device, dims):
+    # Overlapping windows (one tile per plane here) count each element's contributions
+    # on CUDA. Indices at f(c) = floor(c * (in - k) / (out - 1)) per axis (in each cell's
+    # reach, one per element), then: plane (0, 0) sends all 2^dims cells of coordinates
+    # 0 and 1 to the element at (1, ..., 1), inside every one's reach: an ordered sum of
+    # 2^dims, no flag; (0, 1) the last cell to element 0, outside its reach: two
+    # contributions (either order sums the same), no flag; (1, 0) the last two cells
+    # too: three, two of them outside their reach, a flag (the plane's ordered scan);
+    # (1, 1) every cell to element 0, past the 8-bit counts' limit: a flag.
+    spatial, out = ((40, 40), (17, 17)) if dims == 2 else ((20, 20, 20), (7, 7, 7))
+    k = (3,) * dims
+    x = random((2, 2) + spatial, torch.float32, device)
+    strides = [math.prod(spatial[a + 1:]) for a in range(dims)]
+    axes = [torch.arange(o, device=device) * (s - 3) // (o - 1) for s, o in zip(spatial, out)]
+    base = sum(g * st for g, st in zip(torch.meshgrid(*axes, indexing="ij"), strides))
+    i = base.expand((2, 2) + out).clone()
+    for c in range(2 ** dims):
+        i[0, 0][tuple((c >> a) & 1 for a in range(dims))] = sum(strides)
+    i[0, 1].view(-1)[-1] = 0
+    i[1, 0].view(-1)[-2:] = 0
+    i[1, 1] = 0
+    flags = torch.tensor([[0, 0], [1, 1]], dtype=torch.int32)
+    _check_backward_flags(dims, x, k, out, i, "tile_counts<i32>+stray_fixup", flags)
+    g = random(i.shape, x.dtype, device)
+    assert_close(_bw(dims)(g, x, list(k), list(out), i), _scatter_reference(g, i, x.shape, dims), scale=2.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -634,8 +663,8 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     if device.type == "cpu":
         assert bplan.sku().variant == "cpu_plane_ordered_scatter" and bplan.workspace_size() == 0
     else:
-        # overlapping windows: 12 (2d: 4 x 3) and 24 (3d: 3 x 2 x 4) slot codes, so 16- and 32-bit mask fields
-        assert bplan.sku().variant == f"tile_masks<i32,{16 if dims == 2 else 32} bits,1 pass>+stray_fixup"
+        # overlapping windows: a contribution count per element
+        assert bplan.sku().variant == "tile_counts<i32>+stray_fixup"
         # one int32 stray flag per tile; these planes fit one 64 KiB tile
         assert bplan.workspace_size() == shape[0] * shape[1] * 4
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):

@@ -29,7 +29,7 @@ constexpr int kThreads = 256;            // forward and stray-fixup blocks
 constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured slower)
 // Backward: blocks per SM the registers must allow (__launch_bounds__); the 2d tiles of
 // the benchmarked shapes take 31-52 KB of shared memory, 4-7 blocks.
-constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : dims == 2 ? 5 : 4; }
+constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : 4; }
 constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
 constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a thread writes the boxes of
@@ -37,11 +37,16 @@ constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest in
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
-// Backward, overlapping windows: bits of a tile element's index in the entries of the
-// contributors' lists, which pack it with a box place. A tile holds at most kTileBytes / 4
-// elements, and a box cell takes 8 shared bytes of the at most 227 KB of a block.
-constexpr int kSlotBits = 15;
-static_assert(kTileBytes / 4 <= (int64_t(1) << kSlotBits) && 227 * 1024 / 8 <= (int64_t(1) << (32 - kSlotBits)));
+// Backward, overlapping windows: a box cell's staged target is its tile element in the
+// low kTargetBits bits and its rank among that element's contributions above them (a
+// tile holds at most kTileBytes / 4 elements); kNoTarget for a cell whose index is not
+// in the tile.
+constexpr int kTargetBits = 16;
+constexpr uint32_t kNoTarget = ~0u;
+static_assert(kTileBytes / 4 < (int64_t(1) << kTargetBits));
+// Overlapping windows: 8-bit contribution counts; a count reaching this many sends the
+// plane to the ordered scan (one more would carry into the next element's count).
+constexpr uint32_t kCountLimit = 254;
 constexpr int64_t kBandBytes = 32 * 1024;   // forward, 2d: most shared memory for a band's input rows
 
 // ---------------------------------------------------------------------------
@@ -158,36 +163,31 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
 // box of tile[T] x tile[H] x tile[W] input elements of one plane; only the
 // outermost axes are split, so a tile is always one contiguous range of the plane.
-// Span per axis (the most cells that can target one position): S = ceil((k + 2) *
-// (out - 1) / (in - k)), at most out (1 when out == 1; 1 for disjoint windows, whose
-// cells store once per element instead). Shared memory of a block: an accumulator
-// per tile element (acc_t; scalar_t for disjoint windows, see tile_stores) and one
-// vector of slack to align it with dx, a mask field of `bits` bits per tile element,
-// and with overlapping windows the dy (acc_t) and target (uint32) of each cell of
-// the box and per-axis tables (first(x) of each tile position and, with several
-// tiles, f of each box cell; an index each). Tiles start at kTileBytes /
-// (accumulator size) elements and shrink until the block fits in kMaxBwdSmem (a
-// plane of 112 x 112 float32 with 3 x 3 windows takes two tiles: four blocks per SM,
-// not two), then on while the cells loaded per element do not grow.
+// Shared memory of a block: an accumulator per tile element (acc_t; scalar_t for
+// disjoint windows, see tile_stores) and one vector of slack to align it with dx, a
+// field of `bits` bits per tile element (disjoint: 1, a "seen" bit; overlapping: 8, a
+// count), and with overlapping windows the dy (acc_t) and target (uint32) of each cell
+// of the box and a list of the elements of three or more contributions (uint16; each
+// takes three cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
+// until the block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3
+// windows takes two tiles: three blocks per SM, not two), then on while the cells
+// loaded per element do not grow.
 struct FmpBackwardChoice {
   bool index32 = true;
   int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
   int64_t count[3] = {1, 1, 1};  // tiles per axis
-  int64_t span[3] = {1, 1, 1};
   int64_t tiles = 1;             // tiles per plane
-  bool disjoint = false;         // windows disjoint (k <= alpha on every axis): one store per element, no codes
-  int bits = 1;                  // mask bits per element: 1 (disjoint: seen), else S_T * S_H * S_W rounded up to a power of 2, <= 32
-  int64_t passes = 1;            // overlapping windows: ceil(S_T * S_H * S_W / 32) passes over the cells
+  bool disjoint = false;         // windows disjoint (k <= alpha on every axis): one store per element
+  int bits = 1;                  // field bits per element: 1 (disjoint: seen), 8 (overlapping: a count)
   int64_t box[3] = {1, 1, 1};    // most cells per axis in the box of one tile
   int64_t box_cells = 0;         // box[0] * box[1] * box[2]
+  bool whole_rows = false;       // a box holds whole rows of cells (W, and in 3d H, not split): place q is
+                                 // cell o0 + q
   int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
-  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell, 16-byte multiple
+  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell and a list of box_cells / 2 + 1
+                                 // uint16 elements, 16-byte multiple
   int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
-  int64_t table_bytes = 0;       // overlapping windows, per-axis tables (fmp_backward_tile_kernel): f of each box
-                                 // cell (several tiles), first(x) of each tile element; 16-byte multiple
-  int64_t f_table[3] = {0, 0, 0};      // where those tables of axis a start, in entries
-  int64_t first_table[3] = {0, 0, 0};
-  int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes + table_bytes
+  int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes
   // Owned boxes (fmp_backward_boxes_kernel): the integer stride per axis, and the
   // cells of one block (tiles is then the blocks per plane).
   bool boxes = false;
@@ -220,15 +220,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   const int64_t elem_size = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t vec = 16 / elem_size;
   const int64_t store_size = c.disjoint ? elem_size : acc_size;  // the tile's accumulator elements
-  int64_t codes = 1;
-  for (int a = 0; a < 3; ++a) {
-    const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
-    c.span[a] = c.disjoint || B <= 0 ? 1 : std::min<int64_t>(g.out[a], ceil_div<int64_t>((g.k[a] + 2) * B, A));
-    codes *= c.span[a];
-  }
-  c.passes = ceil_div<int64_t>(codes, 32);
-  c.bits = 1;
-  while (c.bits < std::min<int64_t>(codes, 32)) c.bits *= 2;
+  c.bits = c.disjoint ? 1 : 8;
   // The tiles of at most `budget` elements.
   const auto tiles_of = [&](int64_t budget) {
     FmpBackwardChoice t = c;
@@ -254,22 +246,11 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
       t.box_cells *= t.box[a];
     }
     const int64_t elems = t.tile[0] * t.tile[1] * t.tile[2];
+    t.whole_rows = t.count[2] == 1 && (g.dims == 2 || t.count[1] == 1);
     t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
-    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4), 16) * 16;
+    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4) + (t.box_cells / 2 + 1) * 2, 16) * 16;
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
-    // Overlapping windows: f of the box's cells for the reach test (more than one
-    // tile), first(x) for the slot codes.
-    int64_t entries = 0;
-    for (int a = 0; a < 3; ++a) {
-      t.f_table[a] = entries;
-      entries += !t.disjoint && t.tiles > 1 ? t.box[a] : 0;
-    }
-    for (int a = 0; a < 3; ++a) {
-      t.first_table[a] = entries;
-      entries += t.disjoint ? 0 : t.tile[a];
-    }
-    t.table_bytes = ceil_div<int64_t>(entries * (t.index32 ? 4 : 8), 16) * 16;
-    t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes + t.table_bytes;
+    t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
     return t;
   };
   // Budgets of kTileBytes, then 3/4, 1/2, 3/8, ... of it: the first whose block fits,
@@ -311,8 +292,7 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
   const std::string index = c.index32 ? "i32" : "i64";
   if (c.boxes) return "owned_boxes<" + index + ">+stray_fixup";
   if (c.disjoint) return "tile_stores<" + index + ">+stray_fixup";
-  return "tile_masks<" + index + "," + std::to_string(c.bits) + " bits," + std::to_string(c.passes) +
-         (c.passes == 1 ? " pass" : " passes") + ">+stray_fixup";
+  return "tile_counts<" + index + ">+stray_fixup";
 }
 
 // ---------------------------------------------------------------------------
@@ -702,7 +682,9 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 }
 
 // ---------------------------------------------------------------------------
-// Backward: dx[e] = sum_{o : idx[o] == e} dy[o] per plane, deterministic.
+// Backward: dx[e] = sum_{o : idx[o] == e} dy[o] per plane, deterministic: each
+// element's contributions are added from 0 in increasing o, as PyTorch's CPU kernel
+// adds them, or in an order that gives the same bits (two contributions, either order).
 //
 // Geometry. Along one axis (A = in - k >= B = out - 1, since out + k - 1 <= in),
 // let f(c) = floor(c * A / B) (f = A when out == 1). In exact arithmetic the
@@ -710,45 +692,37 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // which is f(c) or f(c) + 1; float rounding moves it by at most one more in
 // practice (measured: never outside [f - 1, f + 1]). The REACH of cell c is
 //   reach(c) = [f(c) - 1, f(c) + k]        (the window for any start in [f-1, f+1]).
-// A cell whose index lies in its reach along every axis is REGULAR, any other
-// cell (index from elsewhere, or outside the plane) is a STRAY. With one tile per
-// plane the reach only matters through the slot codes below: a cell is regular when
-// its index lies in the plane (and, for overlapping windows, its offsets from
-// first(x) are below S).
-//
-// Spans. The cells whose reach holds input position x are those with
-// f(c) in [x - k, x + 1]: the consecutive cells c in [x - k, x + 2) * B / A, at most
-// S = ceil((k + 2) * B / A) of them (and at most out), starting at
-//   first(x) = 0 if x <= k, else min(out - 1, ceil((x - k) * B / A)).
-// So a regular cell c that targets element x sits at offset d = c - first(x) in
-// [0, S) along each axis, and its SLOT CODE ((d_T * S_H) + d_H) * S_W + d_W tells it
-// apart from every other cell that can target x; code order is increasing c.
+// The CANDIDATES of input position x are the cells whose reach holds it, those with
+// f(c) in [x - k, x + 1]: the consecutive cells first(x)..last(x).
 //
 // Tiles. Block b owns tile (b mod tiles) of plane (b / tiles): an input box
 // [x0, x1) per axis that is one contiguous range [g0, g0 + len) of the plane
 // (choose_fmp_backward). It walks, in chunks of kBwdThreads * kCellsPerThread, the
 // box of cells whose reach meets the tile (fmp_reach_cells), each cell at its place in
-// a box of the widest extents over the tiles (fmp_tile); each thread loads its cells'
-// dy and idx coalesced and flags strays.
+// a box of the widest extents over the tiles (fmp_tile; when the box holds whole rows
+// of cells, place q is cell o0 + q); each thread loads its cells' dy and idx
+// coalesced. A cell whose index lies in the tile is the tile's. A cell whose index
+// lies in the plane but in another tile is that tile's too when the index is in the
+// cell's reach (that tile's box then holds the cell); else, and for an index outside
+// the plane, the cell is a STRAY.
 //
 // Every block zeroes an accumulator for its tile in shared memory and ends by storing
 // it to dx as scalar_t with 16-byte vectors (acc_t sums rounded once).
 //
-// Overlapping windows (tile_masks). Each element of the tile has a field of `bits`
-// (>= S_T * S_H * S_W, a power of 2, <= 32) bits in shared memory. A regular cell
-// whose index e falls in the tile stages its dy and sets the bit of its slot code in
-// e's field (integer atomicOr), which returns how many contributions e had before it:
-// the first stores 0 + dy into e's accumulator; the second enters list A, the third
-// list B (both in shared memory), later ones nothing. After a barrier, if e has
-// exactly two contributions its list A entry adds its dy to the first's (either order
-// gives the same sum, -0 included); with three or more its list B entry recomputes e
-// from 0, adding the staged dy of the cells its set bits name in increasing code
-// order, that is increasing o as PyTorch's CPU kernel adds them (so CUDA and CPU
-// results are bit-identical; the box place of a code comes from a table of the pass's
-// 32 codes). More than 32 codes take passes of 32 (pass p: codes [32p, 32p + 32)),
-// the accumulator carrying the sums between passes; there the earlier passes' sum
-// counts as the first contribution (a pass's first cell enters list A, its second
-// list B, which starts from the carried sum). Bit-identical run to run.
+// Overlapping windows (tile_counts). Each tile element has an 8-bit count in shared
+// memory. Each of the tile's cells adds 1 to its element's count (integer atomicAdd),
+// which returns the cell's rank among the element's contributions; rank 0 stores
+// 0 + dy into the accumulator; every one of them stages its dy and its target (element
+// and rank) at its box place; rank 2 lists the element. After a barrier the cell of
+// rank 1 of an element of count 2 adds its dy (either order gives the same sum, -0
+// included), and the listed elements (three or more contributions), a thread each,
+// are summed again from 0, adding in increasing o the staged dy of the element's
+// candidates that target it; if fewer than the count do (a contributor from outside
+// its reach) the block flags a stray. A count reaching kCountLimit flags one too. So a
+// contribution from outside a cell's reach costs nothing unless its element has three
+// or more. (The listed elements are 7-16% of the contributed ones at the benchmark's
+// 3 x 3 windows; summed by the cell of rank 1 in place, every warp of the pass paid
+// for the candidate loop of a lane or two: 2x slower.)
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
@@ -759,23 +733,21 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // A cell that finds it set (float rounding can move a window start onto its
 // neighbour's last element, which is often the max of both windows) is kept in a
 // short list and added after the barrier, in acc_t and rounded once as the CPU kernel
-// does: two contributions sum the same in either order. A third to one
-// element, or a full list, flags the plane like a stray, so that the ordered scan
-// below recomputes it (whatever the racing stores left). With one tile per plane every
-// cell of the plane is in the box, so only indices outside the plane count as strays
-// there (they add nothing, as in the scan) and the reach test is skipped (for
-// overlapping windows too). The two window kinds are two instantiations (Disjoint).
+// does: two contributions sum the same in either order. A third to one element, or a
+// full list, flags the block like a stray, so that the ordered scan below recomputes
+// the plane (whatever the racing stores left). The two window kinds are two
+// instantiations (Disjoint).
 //
-// Strays. A regular cell is loaded by every tile its reach meets, so it is added
-// exactly once (by the tile holding its index). A stray can target any tile, so
-// a block that sees one writes flag 1 (else 0) to workspace[b], and
+// Strays. A block that sees one writes flag 1 (else 0) to workspace[b], and
 // fmp_stray_fixup_kernel recomputes every plane with a flag by a full ordered
 // scan (sum over all o in increasing order; out-of-plane indices add nothing).
 // Every cell is loaded by at least one tile (reach(c) meets [0, in)), so every
 // stray is seen. Forward indices are never strays unless float rounding moved a
 // start by two, which only costs time.
-// (Session 5's tile_rounds, which added rounds of cells that cannot collide one after
-// another between barriers, 16 rounds for 2d k = 3 windows, is replaced by the masks.)
+// (Replaced: session 5's tile_rounds, rounds of cells that cannot collide added one
+// after another between barriers; sessions 6-27's tile_masks, a field of bits per
+// element naming its contributors by their offsets from first(x), two lists and
+// passes of 32 offsets, 6x the instructions of the counts; see docs/PERFORMANCE.md.)
 
 template <typename IndexT>
 struct FmpBwdAxis {
@@ -783,7 +755,6 @@ struct FmpBwdAxis {
   IndexT f_base;           // A when out == 1 (so that f(0) = A), else 0
   IntDivider<IndexT> B;    // out - 1 (1 when out == 1)
   IntDivider<IndexT> A_div;  // A (1 when A == 0, which implies out == 1)
-  IntDivider<IndexT> S;    // span: most cells whose reach holds one position
   IndexT tile;             // input extent of a tile
   IntDivider<IndexT> count;  // tiles along this axis
 
@@ -809,14 +780,11 @@ struct FmpBwdParams {
   IntDivider<IndexT> tiles;         // per plane
   IntDivider<IndexT> box_w, box_h;  // box extents along W and H (the widest over the tiles; cells are
                                     // staged at their place in a box this size)
+  bool whole_rows;                  // the boxes hold whole rows of cells: place q is cell o0 + q
   int64_t in_plane, out_plane, blocks;
-  int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell; the
-                                          // mask fields; then (overlapping windows) the tables
-  int f_table[3], first_table[3];  // where the tables of axis a start, in IndexT entries: f of the box's cells
-                                   // (several tiles only), first(x) - c0 of the tile's positions
-  int box_cells;            // most cells in a tile's box
-  int bits_log2;            // mask bits per element = 1 << bits_log2
-  int passes;
+  int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell and
+                                          // a list (overlapping windows); the fields
+  int box_cells;                    // most cells in a tile's box
 };
 
 // A block's tile, which every thread of the block computes (fast divisions only).
@@ -826,7 +794,9 @@ struct FmpTile {
   int len, shift;      // elements of the tile; its dx start's offset from 16-byte alignment, in elements
   IndexT x0[3];        // per axis, the tile's first input position
   IndexT c0[3], n[3];  // per axis, the cells whose reach meets the tile: [c0, c0 + n)
-  IndexT ncells;       // box places to visit: n[T] x box_h x box_w (rows of the box past n[T] hold no cell)
+  IndexT o0;           // the box's first cell (c0 on every axis), plane-relative
+  IndexT ncells;       // box places to visit: with whole rows n[T] x n[H] x n[W], else n[T] x box_h x box_w
+                       // (rows of the box past n hold no cell)
 };
 
 template <typename scalar_t, typename IndexT>
@@ -852,7 +822,8 @@ __device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& 
   t.len = static_cast<int>((x1[0] - t.x0[0]) * (x1[1] - t.x0[1]) * (x1[2] - t.x0[2]));
   t.shift = static_cast<int>(
       (reinterpret_cast<uintptr_t>(dx + int64_t(t.plane) * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
-  t.ncells = t.n[0] * p.box_h.divisor * p.box_w.divisor;
+  t.o0 = (t.c0[0] * p.axis[1].out + t.c0[1]) * p.axis[2].out + t.c0[2];
+  t.ncells = p.whole_rows ? t.n[0] * t.n[1] * t.n[2] : t.n[0] * p.box_h.divisor * p.box_w.divisor;
   return t;
 }
 
@@ -873,6 +844,20 @@ __device__ __forceinline__ bool fmp_box_cell(const FmpBwdParams<IndexT>& p, cons
   return place[1] < t.n[1] && place[2] < t.n[2];
 }
 
+// The plane-relative cell o at box place q < t.ncells; false where the place holds no cell.
+template <int Dims, typename IndexT>
+__device__ __forceinline__ bool fmp_box_cell_index(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t, IndexT q,
+                                                   IndexT& o) {
+  if (p.whole_rows) {
+    o = t.o0 + q;
+    return true;
+  }
+  IndexT place[3];
+  if (!fmp_box_cell<Dims>(p, t, q, place)) return false;
+  o = t.o0 + (place[0] * p.axis[1].out + place[1]) * p.axis[2].out + place[2];
+  return true;
+}
+
 // Plane element e as (t, h, w) input coordinates (2d: t = 0).
 template <int Dims, typename IndexT>
 __device__ __forceinline__ void fmp_element(const FmpBwdParams<IndexT>& p, IndexT e, IndexT (&x)[3]) {
@@ -888,17 +873,54 @@ __device__ __forceinline__ void fmp_element(const FmpBwdParams<IndexT>& p, Index
   }
 }
 
-// tile_masks: the place in a tile's box of the cell with slot code `code`, relative to
-// the cell at offset 0 on every axis (d = the code's digits, S_T x S_H x S_W).
+// Whether plane element e lies in the reach of the cell at box place q on every axis.
 template <int Dims, typename IndexT>
-__device__ __forceinline__ IndexT fmp_code_offset(const FmpBwdParams<IndexT>& p, IndexT code) {
-  const auto dw = p.axis[2].S.divmod(code);
-  if constexpr (Dims == 3) {
-    const auto dh = p.axis[1].S.divmod(dw.div);
-    return (dh.div * p.box_h.divisor + dh.mod) * p.box_w.divisor + dw.mod;
-  } else {
-    return dw.div * p.box_w.divisor + dw.mod;
+__device__ __forceinline__ bool fmp_in_reach(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t, IndexT q,
+                                             IndexT e) {
+  IndexT place[3], x[3];
+  fmp_box_cell<Dims>(p, t, q, place);
+  fmp_element<Dims>(p, e, x);
+  bool in = true;
+#pragma unroll
+  for (int a = 3 - Dims; a < 3; ++a) {
+    in = in && IndexT(x[a] + 1 - p.axis[a].f(t.c0[a] + place[a])) <= p.axis[a].k + 1;  // wraps below f - 1
   }
+  return in;
+}
+
+// tile_counts: tile element `slot` summed from 0 over the staged cells that target
+// it, in increasing o (its candidates, first(x)..last(x) per axis, all in the box),
+// and how many did.
+template <typename acc_t>
+struct FmpOrderedSum {
+  acc_t sum;
+  uint32_t matched;
+};
+
+template <int Dims, typename IndexT, typename acc_t>
+__device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t,
+                                                const acc_t* dys, const uint32_t* targets, uint32_t slot) {
+  constexpr uint32_t kTargetMask = (1u << kTargetBits) - 1;
+  IndexT x[3], lo[3], hi[3];
+  fmp_element<Dims>(p, IndexT(slot) + t.g0, x);
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {  // box places; first(x) >= c0 within the tile
+    lo[a] = p.axis[a].first(x[a]) - t.c0[a];
+    hi[a] = p.axis[a].last(x[a]) - t.c0[a];
+  }
+  FmpOrderedSum<acc_t> r{acc_t(0), 0};
+  for (IndexT pt = lo[0]; pt <= hi[0]; ++pt) {
+    for (IndexT ph = lo[1]; ph <= hi[1]; ++ph) {
+      const IndexT row = (pt * p.box_h.divisor + ph) * p.box_w.divisor;
+      for (IndexT pw = lo[2]; pw <= hi[2]; ++pw) {
+        if ((targets[row + pw] & kTargetMask) == slot) {
+          r.sum += dys[row + pw];
+          ++r.matched;
+        }
+      }
+    }
+  }
+  return r;
 }
 
 template <typename scalar_t, typename acc_t, typename IndexT, int Dims, bool Disjoint>
@@ -910,185 +932,122 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   __shared__ int later_count;                      // tile_stores: contributions to elements already stored,
   __shared__ uint32_t later_slot[kLaterCap];       // kept for after the barrier
   __shared__ acc_t later_grad[kLaterCap];
+  __shared__ int recompute_count;                  // tile_counts: elements of three or more contributions
   using store_t = std::conditional_t<Disjoint, scalar_t, acc_t>;  // the accumulator's elements
   store_t* const acc = reinterpret_cast<store_t*>(fmp_smem);        // per element (+ alignment slack)
-  acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);    // tile_masks: per box cell
-  uint32_t* const lists = reinterpret_cast<uint32_t*>(dys + p.box_cells);  // tile_masks: two lists of box cells
-  __shared__ int list_count[2];  // tile_masks: entries of the second and third contributors' lists
-  uint32_t* const masks = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
-  IndexT* const tables = reinterpret_cast<IndexT*>(fmp_smem + p.acc_bytes + p.cell_bytes + p.mask_bytes);
-  __shared__ IndexT code_offset[32];  // tile_masks: fmp_code_offset of the pass's 32 codes
+  acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);        // tile_counts: per box cell
+  uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);   // tile_counts: per box cell
+  uint16_t* const recompute = reinterpret_cast<uint16_t*>(targets + p.box_cells);  // tile_counts: those elements
+  uint32_t* const fields = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(store_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
-  const auto& ax = p.axis;
-  const uint32_t field_mask = p.bits_log2 == 5 ? ~0u : (1u << (1 << p.bits_log2)) - 1;
-  auto field = [&](uint32_t slot) {
-    return (masks[(slot << p.bits_log2) >> 5] >> ((slot << p.bits_log2) & 31)) & field_mask;
-  };
+  constexpr int kFieldLog2 = Disjoint ? 0 : 3;  // a field per element: 1 "seen" bit, or an 8-bit count
   auto zero = [&](unsigned char* from, int bytes) {
     for (int i = threadIdx.x; i < bytes / 16; i += kBwdThreads) reinterpret_cast<uint4*>(from)[i] = make_uint4(0, 0, 0, 0);
   };
-  auto tabulate_codes = [&](IndexT code_base) {
-    if (threadIdx.x < 32) code_offset[threadIdx.x] = fmp_code_offset<Dims>(p, code_base + threadIdx.x);
-  };
-
-  // With one tile every cell of the plane is in the box: the reach test only makes
-  // sure that the tile holding the index loads the cell.
-  const bool reach_test = p.tiles.divisor != 1;
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
-    if (threadIdx.x == 0) later_count = 0;
-    if (threadIdx.x < 2) list_count[threadIdx.x] = 0;
+    if (threadIdx.x == 0) later_count = recompute_count = 0;
     zero(fmp_smem, p.acc_bytes);
-    zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
-    if constexpr (!Disjoint) {  // the tile's tables
-#pragma unroll
-      for (int a = 3 - Dims; a < 3; ++a) {
-        if (reach_test) {
-          for (IndexT i = threadIdx.x; i < t.n[a]; i += kBwdThreads) tables[p.f_table[a] + i] = ax[a].f(t.c0[a] + i);
-        }
-        for (IndexT i = threadIdx.x; i < ax[a].tile; i += kBwdThreads) {
-          tables[p.first_table[a] + i] = ax[a].first(t.x0[a] + i) - t.c0[a];
-        }
-      }
-      tabulate_codes(0);
-    }
-    __syncthreads();  // accumulator and masks zeroed, tables filled
+    zero(reinterpret_cast<unsigned char*>(fields), p.mask_bytes);
+    __syncthreads();  // accumulator and fields zeroed
     scalar_t* const dxt = dx + int64_t(t.plane) * p.in_plane + t.g0;
     store_t* const acct = acc + t.shift;  // acct[i] accumulates dxt[i]; acct + i is 16-byte aligned where dxt + i is
     const scalar_t* const dyp = dy + int64_t(t.plane) * p.out_plane;
     const int64_t* const ip = idx + int64_t(t.plane) * p.out_plane;
     bool stray = false;
-    int any_stray = 0;
-    for (int pass = 0; pass < p.passes; ++pass) {
-      const IndexT code_base = IndexT(pass) * 32;
-      for (IndexT first = 0; first < t.ncells; first += kChunk) {
-        int64_t target[kCellsPerThread];
-        scalar_t grad[kCellsPerThread];
+    for (IndexT first = 0; first < t.ncells; first += kChunk) {
+      int64_t target[kCellsPerThread];
+      scalar_t grad[kCellsPerThread];
 #pragma unroll
-        for (int j = 0; j < kCellsPerThread; ++j) {  // coalesced loads of the chunk
-          const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
-          target[j] = -1;
-          grad[j] = scalar_t(0);
-          IndexT place[3];
-          if (q < t.ncells && fmp_box_cell<Dims>(p, t, q, place)) {
-            const IndexT o =
-                ((t.c0[0] + place[0]) * ax[1].out + t.c0[1] + place[1]) * ax[2].out + t.c0[2] + place[2];
-            target[j] = ip[o];
-            grad[j] = dyp[o];
-          }
+      for (int j = 0; j < kCellsPerThread; ++j) {  // coalesced loads of the chunk
+        const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+        target[j] = 0;
+        grad[j] = scalar_t(0);
+        IndexT o;
+        if (q < t.ncells && fmp_box_cell_index<Dims>(p, t, q, o)) {
+          target[j] = ip[o];
+          grad[j] = dyp[o];
         }
+      }
 #pragma unroll
-        for (int j = 0; j < kCellsPerThread; ++j) {
-          const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
-          if (q >= t.ncells) continue;
-          IndexT place[3];
-          if (!fmp_box_cell<Dims>(p, t, q, place)) continue;  // the cell again (cheaper than holding it)
-          const int64_t e = target[j];
-          bool regular = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
-          const IndexT slot = static_cast<IndexT>(e) - static_cast<IndexT>(t.g0);  // wraps below the tile
-          bool mine = slot < IndexT(t.len);
-          IndexT code = 0;
-          // Reach: x in [f(c) - 1, f(c) + k] (below f(c) - 1 the difference wraps).
-          // Overlapping windows take f of the box's cells and first(x) - c0 of the
-          // tile's positions from tables; disjoint ones compute f (their tiles are
-          // small: on the H100 a table made 3d float32 1.5% slower).
-          if (regular && (reach_test || !Disjoint)) {
-            IndexT x[3];
-            fmp_element<Dims>(p, static_cast<IndexT>(e), x);
-#pragma unroll
-            for (int a = 3 - Dims; a < 3; ++a) {
-              if (reach_test) {
-                const IndexT fc = Disjoint ? ax[a].f(t.c0[a] + place[a]) : tables[p.f_table[a] + place[a]];
-                regular = regular && IndexT(x[a] + 1 - fc) <= ax[a].k + 1;
-              }
-              if (!Disjoint && mine) {  // the slot code, a distinct one per cell that may target x
-                const IndexT d = place[a] - tables[p.first_table[a] + x[a] - t.x0[a]];  // c - first(x); wraps below
-                regular = regular && d < ax[a].S.divisor;
-                code = code * ax[a].S.divisor + d;
-              }
-            }
-          }
-          mine = mine && regular;
-          stray = stray || !regular;
-          uint32_t* const word = masks + ((uint32_t(slot) << p.bits_log2) >> 5);
-          const int at = (uint32_t(slot) << p.bits_log2) & 31;
-          if constexpr (Disjoint) {
-            if (!mine) continue;
-            if (atomicOr(word, 1u << at) & (1u << at)) {  // a later contribution
-              const int n = atomicAdd(&later_count, 1);
-              if (n < kLaterCap) {
-                later_slot[n] = uint32_t(slot);
-                later_grad[n] = static_cast<acc_t>(grad[j]);
-              }
-            } else {
-              acct[slot] = static_cast<store_t>(acc_t(0) + static_cast<acc_t>(grad[j]));  // 0 + (-0) = +0
+      for (int j = 0; j < kCellsPerThread; ++j) {
+        const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+        if (q >= t.ncells) break;
+        IndexT o;
+        const bool held = fmp_box_cell_index<Dims>(p, t, q, o);  // the place again (cheaper than holding it)
+        const int64_t e = target[j];
+        const IndexT slot = static_cast<IndexT>(e) - t.g0;  // wraps below the tile
+        const bool in_plane = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
+        if (!held || !in_plane || slot >= IndexT(t.len)) {
+          // Not the tile's: a stray unless the tile that holds its index loads it.
+          if (held) stray = stray || !in_plane || !fmp_in_reach<Dims>(p, t, q, static_cast<IndexT>(e));
+          if constexpr (!Disjoint) targets[q] = kNoTarget;
+          continue;
+        }
+        uint32_t* const word = fields + ((uint32_t(slot) << kFieldLog2) >> 5);
+        const int at = (uint32_t(slot) << kFieldLog2) & 31;
+        if constexpr (Disjoint) {
+          if (atomicOr(word, 1u << at) & (1u << at)) {  // a later contribution
+            const int n = atomicAdd(&later_count, 1);
+            if (n < kLaterCap) {
+              later_slot[n] = uint32_t(slot);
+              later_grad[n] = static_cast<acc_t>(grad[j]);
             }
           } else {
-            if (pass == 0) dys[q] = static_cast<acc_t>(grad[j]);
-            if (mine && code >= code_base && code - code_base < 32) {
-              const int bit = int(code - code_base);
-              // Contributions to the element before this one (the earlier passes' sum counts as one).
-              const int before = __popc((atomicOr(word, 1u << (at + bit)) >> at) & field_mask) + (pass > 0);
-              if (before == 0) {
-                acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0
-              } else if (before == 1) {
-                lists[atomicAdd(&list_count[0], 1)] = (uint32_t(q) << kSlotBits) | uint32_t(slot);
-              } else if (before == 2) {  // the cell at offset 0 on every axis, for the ordered sum
-                lists[p.box_cells - 1 - atomicAdd(&list_count[1], 1)] =
-                    (uint32_t(q - code_offset[bit]) << kSlotBits) | uint32_t(slot);
-              }
-            }
+            acct[slot] = static_cast<store_t>(acc_t(0) + static_cast<acc_t>(grad[j]));  // 0 + (-0) = +0
           }
+        } else {
+          const uint32_t rank = (atomicAdd(word, 1u << at) >> at) & 0xffu;
+          if (rank == 0) {
+            acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0
+          } else if (rank == 2) {  // a third contribution: the element is summed again after the barrier
+            recompute[atomicAdd(&recompute_count, 1)] = static_cast<uint16_t>(slot);
+          }
+          stray = stray || rank >= kCountLimit;
+          dys[q] = static_cast<acc_t>(grad[j]);
+          targets[q] = uint32_t(slot) | (rank << kTargetBits);
         }
       }
-      // Fields, staged cells and disjoint stores complete; also the barrier before
-      // the store when the block had no cells.
-      any_stray = __syncthreads_or(stray);
-      if constexpr (Disjoint) {
-        // Later contributions: with two per element the sum does not depend on the
-        // order; an element with three, or more than kLaterCap of them, takes the scan.
-        const int later = later_count;
-        if (later > 0) {
-          if (threadIdx.x == 0) {
-            bool scan = later > kLaterCap;
-            for (int i = 0; i < later && !scan; ++i) {
-              for (int j = 0; j < i; ++j) scan = scan || later_slot[j] == later_slot[i];
-            }
-            any_stray = any_stray || scan;
-            for (int i = 0; i < later && !scan; ++i) {
-              acct[later_slot[i]] = static_cast<store_t>(static_cast<acc_t>(acct[later_slot[i]]) + later_grad[i]);
-            }
+    }
+    int any_stray = 0;
+    if constexpr (Disjoint) {
+      any_stray = __syncthreads_or(stray);  // first contributions stored, later ones listed
+      // Later contributions: with two per element the sum does not depend on the
+      // order; an element with three, or more than kLaterCap of them, takes the scan.
+      const int later = later_count;
+      if (later > 0) {
+        if (threadIdx.x == 0) {
+          bool scan = later > kLaterCap;
+          for (int i = 0; i < later && !scan; ++i) {
+            for (int j = 0; j < i; ++j) scan = scan || later_slot[j] == later_slot[i];
           }
-          __syncthreads();
+          any_stray = any_stray || scan;
+          for (int i = 0; i < later && !scan; ++i) {
+            acct[later_slot[i]] = static_cast<store_t>(static_cast<acc_t>(acct[later_slot[i]]) + later_grad[i]);
+          }
         }
-        break;
-      }
-      // Two contributions: the second adds its dy (either order gives the same sum).
-      // More: the cell that made the third recomputes the element in code order.
-      constexpr uint32_t kSlotMask = (1u << kSlotBits) - 1;
-      for (int i = threadIdx.x; i < list_count[0]; i += kBwdThreads) {
-        const uint32_t entry = lists[i];
-        const uint32_t slot = entry & kSlotMask;
-        if (__popc(field(slot)) + (pass > 0) == 2) acct[slot] += dys[entry >> kSlotBits];
-      }
-      for (int i = threadIdx.x; i < list_count[1]; i += kBwdThreads) {
-        const uint32_t entry = lists[p.box_cells - 1 - i];
-        const uint32_t slot = entry & kSlotMask;
-        const IndexT base = IndexT(entry >> kSlotBits);
-        acc_t sum = pass > 0 ? static_cast<acc_t>(acct[slot]) : acc_t(0);
-        for (uint32_t f = field(slot); f != 0; f &= f - 1) sum += dys[base + code_offset[__ffs(f) - 1]];
-        acct[slot] = sum;
-      }
-      __syncthreads();  // sums added; fields read
-      if (pass + 1 < p.passes) {
-        if (threadIdx.x < 2) list_count[threadIdx.x] = 0;
-        zero(reinterpret_cast<unsigned char*>(masks), p.mask_bytes);
-        tabulate_codes(code_base + 32);
         __syncthreads();
       }
+    } else {
+      __syncthreads();  // counts complete, cells staged, first contributions stored, elements listed
+      const auto count_of = [&](uint32_t slot) { return (fields[slot >> 2] >> ((slot & 3) * 8)) & 0xffu; };
+      // An element of two contributions: the second adds (either order gives the same sum).
+      for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {
+        const uint32_t target = targets[q];
+        const uint32_t slot = target & ((1u << kTargetBits) - 1);
+        if ((target >> kTargetBits) == 1 && count_of(slot) == 2) acct[slot] += dys[q];
+      }
+      // Three or more (listed, so that the warps sum them together): again, in order.
+      for (int i = threadIdx.x; i < recompute_count; i += kBwdThreads) {
+        const uint32_t slot = recompute[i];
+        const FmpOrderedSum<acc_t> s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot);
+        acct[slot] = s.sum;
+        stray = stray || s.matched != count_of(slot);
+      }
+      any_stray = __syncthreads_or(stray);  // sums complete
     }
     if (threadIdx.x == 0) strays[block] = any_stray ? 1 : 0;
 
@@ -1406,7 +1365,6 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
     ax.f_base = g.out[a] == 1 ? ax.A : IndexT(0);
     ax.B = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(g.out[a] - 1, 1)));
     ax.A_div = IntDivider<IndexT>(static_cast<IndexT>(std::max<int64_t>(g.in[a] - g.k[a], 1)));
-    ax.S = IntDivider<IndexT>(static_cast<IndexT>(c.span[a]));
     ax.tile = static_cast<IndexT>(c.tile[a]);
     ax.count = IntDivider<IndexT>(static_cast<IndexT>(c.count[a]));
   }
@@ -1422,12 +1380,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.cell_bytes = static_cast<int>(c.cell_bytes);
   p.box_cells = static_cast<int>(c.box_cells);
   p.mask_bytes = static_cast<int>(c.mask_bytes);
-  for (int a = 0; a < 3; ++a) {
-    p.f_table[a] = static_cast<int>(c.f_table[a]);
-    p.first_table[a] = static_cast<int>(c.first_table[a]);
-  }
-  p.bits_log2 = __builtin_ctz(static_cast<unsigned>(c.bits));
-  p.passes = static_cast<int>(c.passes);
+  p.whole_rows = c.whole_rows;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   if (c.boxes) {
@@ -1437,7 +1390,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
                              : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
     const int smem = static_cast<int>(c.smem_bytes);
     const int64_t block_smem =  // + the static shared memory
-        smem + 4 + kLaterCap * int64_t(4 + sizeof(acc_t)) + 32 * int64_t(sizeof(IndexT));
+        smem + 8 + kLaterCap * int64_t(4 + sizeof(acc_t));
     TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                                 fmp_op_name(g.dims, true), ": needs ", block_smem,
                                 " bytes of shared memory per block, the device allows ",
