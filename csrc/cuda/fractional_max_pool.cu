@@ -780,7 +780,6 @@ struct FmpBwdParams {
   IntDivider<IndexT> tiles;         // per plane
   IntDivider<IndexT> box_w, box_h;  // box extents along W and H (the widest over the tiles; cells are
                                     // staged at their place in a box this size)
-  bool whole_rows;                  // the boxes hold whole rows of cells: place q is cell o0 + q
   int64_t in_plane, out_plane, blocks;
   int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell and
                                           // a list (overlapping windows); the fields
@@ -799,7 +798,7 @@ struct FmpTile {
                        // (rows of the box past n hold no cell)
 };
 
-template <typename scalar_t, typename IndexT>
+template <typename scalar_t, typename IndexT, bool WholeRows>
 __device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, const scalar_t* dx,
                                                     IndexT block) {
   constexpr int kVec = 16 / sizeof(scalar_t);
@@ -823,7 +822,7 @@ __device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& 
   t.shift = static_cast<int>(
       (reinterpret_cast<uintptr_t>(dx + int64_t(t.plane) * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
   t.o0 = (t.c0[0] * p.axis[1].out + t.c0[1]) * p.axis[2].out + t.c0[2];
-  t.ncells = p.whole_rows ? t.n[0] * t.n[1] * t.n[2] : t.n[0] * p.box_h.divisor * p.box_w.divisor;
+  t.ncells = WholeRows ? t.n[0] * t.n[1] * t.n[2] : t.n[0] * p.box_h.divisor * p.box_w.divisor;
   return t;
 }
 
@@ -845,10 +844,10 @@ __device__ __forceinline__ bool fmp_box_cell(const FmpBwdParams<IndexT>& p, cons
 }
 
 // The plane-relative cell o at box place q < t.ncells; false where the place holds no cell.
-template <int Dims, typename IndexT>
+template <int Dims, bool WholeRows, typename IndexT>
 __device__ __forceinline__ bool fmp_box_cell_index(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t, IndexT q,
                                                    IndexT& o) {
-  if (p.whole_rows) {
+  if constexpr (WholeRows) {
     o = t.o0 + q;
     return true;
   }
@@ -890,7 +889,7 @@ __device__ __forceinline__ bool fmp_in_reach(const FmpBwdParams<IndexT>& p, cons
 
 // tile_counts: tile element `slot` summed from 0 over the staged cells that target
 // it, in increasing o (its candidates, first(x)..last(x) per axis, all in the box),
-// and how many did.
+// and how many did (the scan ends when `count` have).
 template <typename acc_t>
 struct FmpOrderedSum {
   acc_t sum;
@@ -899,7 +898,8 @@ struct FmpOrderedSum {
 
 template <int Dims, typename IndexT, typename acc_t>
 __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t,
-                                                const acc_t* dys, const uint32_t* targets, uint32_t slot) {
+                                                const acc_t* dys, const uint32_t* targets, uint32_t slot,
+                                                uint32_t count) {
   constexpr uint32_t kTargetMask = (1u << kTargetBits) - 1;
   IndexT x[3], lo[3], hi[3];
   fmp_element<Dims>(p, IndexT(slot) + t.g0, x);
@@ -915,7 +915,7 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
       for (IndexT pw = lo[2]; pw <= hi[2]; ++pw) {
         if ((targets[row + pw] & kTargetMask) == slot) {
           r.sum += dys[row + pw];
-          ++r.matched;
+          if (++r.matched == count) return r;
         }
       }
     }
@@ -923,7 +923,7 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
   return r;
 }
 
-template <typename scalar_t, typename acc_t, typename IndexT, int Dims, bool Disjoint>
+template <typename scalar_t, typename acc_t, typename IndexT, int Dims, bool Disjoint, bool WholeRows>
 __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeof(IndexT) == 4))
     fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
@@ -948,7 +948,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   };
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
-    const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT>(p, dx, static_cast<IndexT>(block));
+    const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT, WholeRows>(p, dx, static_cast<IndexT>(block));
     if (threadIdx.x == 0) later_count = recompute_count = 0;
     zero(fmp_smem, p.acc_bytes);
     zero(reinterpret_cast<unsigned char*>(fields), p.mask_bytes);
@@ -961,13 +961,19 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
     for (IndexT first = 0; first < t.ncells; first += kChunk) {
       int64_t target[kCellsPerThread];
       scalar_t grad[kCellsPerThread];
+      // Coalesced loads of the chunk (whole rows: one base, constant offsets).
+      const int64_t* const ipc = ip + (WholeRows ? int64_t(t.o0) + first + threadIdx.x : 0);
+      const scalar_t* const dyc = dyp + (WholeRows ? int64_t(t.o0) + first + threadIdx.x : 0);
 #pragma unroll
-      for (int j = 0; j < kCellsPerThread; ++j) {  // coalesced loads of the chunk
+      for (int j = 0; j < kCellsPerThread; ++j) {
         const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
         target[j] = 0;
         grad[j] = scalar_t(0);
         IndexT o;
-        if (q < t.ncells && fmp_box_cell_index<Dims>(p, t, q, o)) {
+        if (WholeRows && q < t.ncells) {
+          target[j] = ipc[j * kBwdThreads];
+          grad[j] = dyc[j * kBwdThreads];
+        } else if (!WholeRows && q < t.ncells && fmp_box_cell_index<Dims, WholeRows>(p, t, q, o)) {
           target[j] = ip[o];
           grad[j] = dyp[o];
         }
@@ -977,7 +983,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
         const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
         if (q >= t.ncells) break;
         IndexT o;
-        const bool held = fmp_box_cell_index<Dims>(p, t, q, o);  // the place again (cheaper than holding it)
+        const bool held = fmp_box_cell_index<Dims, WholeRows>(p, t, q, o);  // the place again (cheaper than holding it)
         const int64_t e = target[j];
         const IndexT slot = static_cast<IndexT>(e) - t.g0;  // wraps below the tile
         const bool in_plane = static_cast<uint64_t>(e) < static_cast<uint64_t>(p.in_plane);
@@ -1043,9 +1049,10 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       // Three or more (listed, so that the warps sum them together): again, in order.
       for (int i = threadIdx.x; i < recompute_count; i += kBwdThreads) {
         const uint32_t slot = recompute[i];
-        const FmpOrderedSum<acc_t> s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot);
+        const uint32_t count = count_of(slot);
+        const FmpOrderedSum<acc_t> s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot, count);
         acct[slot] = s.sum;
-        stray = stray || s.matched != count_of(slot);
+        stray = stray || s.matched != count;
       }
       any_stray = __syncthreads_or(stray);  // sums complete
     }
@@ -1380,14 +1387,15 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.cell_bytes = static_cast<int>(c.cell_bytes);
   p.box_cells = static_cast<int>(c.box_cells);
   p.mask_bytes = static_cast<int>(c.mask_bytes);
-  p.whole_rows = c.whole_rows;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   if (c.boxes) {
     launch_fmp_backward_boxes<scalar_t, IndexT, Dims>(g, c, dy, idx, dx, strays);
   } else {
-    auto kernel = c.disjoint ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true>
-                             : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false>;
+    auto kernel = c.disjoint ? (c.whole_rows ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true, true>
+                                             : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true, false>)
+                             : (c.whole_rows ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false, true>
+                                             : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false, false>);
     const int smem = static_cast<int>(c.smem_bytes);
     const int64_t block_smem =  // + the static shared memory
         smem + 8 + kLaterCap * int64_t(4 + sizeof(acc_t));
