@@ -402,7 +402,7 @@ def test_backward_overlapping_counts_and_strays(device, dims):
     # 2^dims, no flag; (0, 1) the last cell to element 0, outside its reach: two
     # contributions (either order sums the same), no flag; (1, 0) the last two cells
     # too: three, two of them outside their reach, a flag (the plane's ordered scan);
-    # (1, 1) every cell to element 0, past the 8-bit counts' limit: a flag.
+    # (1, 1) every cell to element 0 (hundreds of contributions): a flag.
     spatial, out = ((40, 40), (17, 17)) if dims == 2 else ((20, 20, 20), (7, 7, 7))
     k = (3,) * dims
     x = random((2, 2) + spatial, torch.float32, device)

@@ -287,7 +287,7 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     1024 cells for ``owned_boxes``; ``planes * tiles_per_plane * 4`` bytes), set when a
     tile sees an index outside the plane, or in another tile and outside its cell's
     window (indices not made by the forward); in ``tile_counts`` also an element of three
-    or more contributions one of which lies outside its cell's window, or of 254 or more;
+    or more contributions one of which lies outside its cell's window;
     in ``tile_stores`` a third contribution to one element: such planes are recomputed by
     an ordered full scan. In ``owned_boxes`` an index moved into a neighbouring box by
     float rounding of the window start only has its element summed again, in order.
@@ -372,7 +372,7 @@ def self_checks():
     # of a stride that is not an integer (tiles), integer strides (owned boxes: 2 = k,
     # pairs along W; 3 > k, scalar stores). Each with forward indices, then with one of
     # the first plane's pointing at its last element (a stray), then with all of them at
-    # its first (overlapping windows: past the counts' limit in the split plane); float32
+    # its first (overlapping windows: thousands of contributions in the split plane); float32
     # also with samples of 1 - 2^-24, which move windows (owned boxes' movers).
     backward_problems = {
         2: [((2, 3, 23, 19), (3, 3), (12, 10)), ((1, 2, 150, 130), (4, 3), (60, 90)),

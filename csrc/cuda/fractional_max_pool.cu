@@ -44,9 +44,9 @@ constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a blo
 constexpr int kTargetBits = 16;
 constexpr uint32_t kNoTarget = ~0u;
 static_assert(kTileBytes / 4 < (int64_t(1) << kTargetBits));
-// Overlapping windows: 8-bit contribution counts; a count reaching this many sends the
-// plane to the ordered scan (one more would carry into the next element's count).
-constexpr uint32_t kCountLimit = 254;
+// Overlapping windows: 16-bit contribution counts, which cannot overflow: a tile's box
+// holds fewer cells (each takes at least 8 of a block's at most 227 KB of shared memory).
+static_assert(227 * 1024 / 8 < (1 << 16));
 constexpr int64_t kBandBytes = 32 * 1024;   // forward, 2d: most shared memory for a band's input rows
 
 // ---------------------------------------------------------------------------
@@ -165,7 +165,7 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // outermost axes are split, so a tile is always one contiguous range of the plane.
 // Shared memory of a block: an accumulator per tile element (acc_t; scalar_t for
 // disjoint windows, see tile_stores) and one vector of slack to align it with dx, a
-// field of `bits` bits per tile element (disjoint: 1, a "seen" bit; overlapping: 8, a
+// field of `bits` bits per tile element (disjoint: 1, a "seen" bit; overlapping: 16, a
 // count), and with overlapping windows the dy (acc_t) and target (uint32) of each cell
 // of the box and a list of the elements of three or more contributions (uint16; each
 // takes three cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
@@ -178,7 +178,7 @@ struct FmpBackwardChoice {
   int64_t count[3] = {1, 1, 1};  // tiles per axis
   int64_t tiles = 1;             // tiles per plane
   bool disjoint = false;         // windows disjoint (k <= alpha on every axis): one store per element
-  int bits = 1;                  // field bits per element: 1 (disjoint: seen), 8 (overlapping: a count)
+  int bits = 1;                  // field bits per element: 1 (disjoint: seen), 16 (overlapping: a count)
   int64_t box[3] = {1, 1, 1};    // most cells per axis in the box of one tile
   int64_t box_cells = 0;         // box[0] * box[1] * box[2]
   bool whole_rows = false;       // a box holds whole rows of cells (W, and in 3d H, not split): place q is
@@ -220,7 +220,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   const int64_t elem_size = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t vec = 16 / elem_size;
   const int64_t store_size = c.disjoint ? elem_size : acc_size;  // the tile's accumulator elements
-  c.bits = c.disjoint ? 1 : 8;
+  c.bits = c.disjoint ? 1 : 16;
   // The tiles of at most `budget` elements.
   const auto tiles_of = [&](int64_t budget) {
     FmpBackwardChoice t = c;
@@ -709,7 +709,7 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Every block zeroes an accumulator for its tile in shared memory and ends by storing
 // it to dx as scalar_t with 16-byte vectors (acc_t sums rounded once).
 //
-// Overlapping windows (tile_counts). Each tile element has an 8-bit count in shared
+// Overlapping windows (tile_counts). Each tile element has a 16-bit count in shared
 // memory. Each of the tile's cells adds 1 to its element's count (integer atomicAdd),
 // which returns the cell's rank among the element's contributions; rank 0 stores
 // 0 + dy into the accumulator; every one of them stages its dy and its target (element
@@ -718,9 +718,8 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // included), and the listed elements (three or more contributions), a thread each,
 // are summed again from 0, adding in increasing o the staged dy of the element's
 // candidates that target it; if fewer than the count do (a contributor from outside
-// its reach) the block flags a stray. A count reaching kCountLimit flags one too. So a
-// contribution from outside a cell's reach costs nothing unless its element has three
-// or more. (The listed elements are 7-16% of the contributed ones at the benchmark's
+// its reach) the block flags a stray. So a contribution from outside a cell's reach
+// costs nothing unless its element has three or more. (The listed elements are 7-16% of the contributed ones at the benchmark's
 // 3 x 3 windows; summed by the cell of rank 1 in place, every warp of the pass paid
 // for the candidate loop of a lane or two: 2x slower.)
 //
@@ -942,7 +941,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(store_t);
   constexpr IndexT kChunk = IndexT(kBwdThreads) * kCellsPerThread;
-  constexpr int kFieldLog2 = Disjoint ? 0 : 3;  // a field per element: 1 "seen" bit, or an 8-bit count
+  constexpr int kFieldLog2 = Disjoint ? 0 : 4;  // a field per element: 1 "seen" bit, or a 16-bit count
   auto zero = [&](unsigned char* from, int bytes) {
     for (int i = threadIdx.x; i < bytes / 16; i += kBwdThreads) reinterpret_cast<uint4*>(from)[i] = make_uint4(0, 0, 0, 0);
   };
@@ -1006,13 +1005,12 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
             acct[slot] = static_cast<store_t>(acc_t(0) + static_cast<acc_t>(grad[j]));  // 0 + (-0) = +0
           }
         } else {
-          const uint32_t rank = (atomicAdd(word, 1u << at) >> at) & 0xffu;
+          const uint32_t rank = (atomicAdd(word, 1u << at) >> at) & 0xffffu;
           if (rank == 0) {
             acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0
           } else if (rank == 2) {  // a third contribution: the element is summed again after the barrier
             recompute[atomicAdd(&recompute_count, 1)] = static_cast<uint16_t>(slot);
           }
-          stray = stray || rank >= kCountLimit;
           dys[q] = static_cast<acc_t>(grad[j]);
           targets[q] = uint32_t(slot) | (rank << kTargetBits);
         }
@@ -1039,7 +1037,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       }
     } else {
       __syncthreads();  // counts complete, cells staged, first contributions stored, elements listed
-      const auto count_of = [&](uint32_t slot) { return (fields[slot >> 2] >> ((slot & 3) * 8)) & 0xffu; };
+      const auto count_of = [&](uint32_t slot) { return (fields[slot >> 1] >> ((slot & 1) * 16)) & 0xffffu; };
       // An element of two contributions: the second adds (either order gives the same sum).
       for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {
         const uint32_t target = targets[q];
