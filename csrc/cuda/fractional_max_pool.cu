@@ -27,8 +27,9 @@ using cuda::ceil_div;
 
 constexpr int kThreads = 256;            // forward and stray-fixup blocks
 constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured slower)
-// Backward: blocks per SM the registers must allow (__launch_bounds__); the 2d tiles of
-// the benchmarked shapes take 31-52 KB of shared memory, 4-7 blocks.
+// Backward: blocks per SM the registers must allow (__launch_bounds__): 4 (64
+// registers); at 5 (48) the tile kernels spilled loaded values right after their loads,
+// and the spill stores waited on the loads (H100, session 28).
 constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : 4; }
 constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
@@ -170,7 +171,7 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // of the box and a list of the elements of three or more contributions (uint16; each
 // takes three cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
 // until the block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3
-// windows takes two tiles: three blocks per SM, not two), then on while the cells
+// windows takes two tiles: four blocks per SM, not two), then on while the cells
 // loaded per element do not grow.
 struct FmpBackwardChoice {
   bool index32 = true;
@@ -248,7 +249,8 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     const int64_t elems = t.tile[0] * t.tile[1] * t.tile[2];
     t.whole_rows = t.count[2] == 1 && (g.dims == 2 || t.count[1] == 1);
     t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
-    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4) + (t.box_cells / 2 + 1) * 2, 16) * 16;
+    const int64_t list_bytes = (t.box_cells / 2 + 1) * 2;
+    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4) + list_bytes, 16) * 16;
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
     t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
     return t;
@@ -719,9 +721,10 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // are summed again from 0, adding in increasing o the staged dy of the element's
 // candidates that target it; if fewer than the count do (a contributor from outside
 // its reach) the block flags a stray. So a contribution from outside a cell's reach
-// costs nothing unless its element has three or more. (The listed elements are 7-16% of the contributed ones at the benchmark's
-// 3 x 3 windows; summed by the cell of rank 1 in place, every warp of the pass paid
-// for the candidate loop of a lane or two: 2x slower.)
+// costs nothing unless its element has three or more. (The listed elements are 7-16%
+// of the contributed ones at the benchmark's 3 x 3 windows; summed by the cell of rank
+// 1 in place, every warp of the pass paid for the candidate loop of a lane or two: 2x
+// slower.)
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
@@ -746,7 +749,8 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // (Replaced: session 5's tile_rounds, rounds of cells that cannot collide added one
 // after another between barriers; sessions 6-27's tile_masks, a field of bits per
 // element naming its contributors by their offsets from first(x), two lists and
-// passes of 32 offsets, 6x the instructions of the counts; see docs/PERFORMANCE.md.)
+// passes of 32 offsets, 1.2-1.3x slower at the benchmark's overlapping windows; see
+// docs/PERFORMANCE.md, session 28.)
 
 template <typename IndexT>
 struct FmpBwdAxis {
