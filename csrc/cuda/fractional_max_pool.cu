@@ -892,7 +892,7 @@ __device__ __forceinline__ bool fmp_in_reach(const FmpBwdParams<IndexT>& p, cons
 
 // tile_counts: tile element `slot` summed from 0 over the staged cells that target
 // it, in increasing o (its candidates, first(x)..last(x) per axis, all in the box),
-// and how many did (the scan ends when `count` have).
+// and how many did (the scan ends after the row of candidates where `count` have).
 template <typename acc_t>
 struct FmpOrderedSum {
   acc_t sum;
@@ -912,15 +912,19 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
     hi[a] = p.axis[a].last(x[a]) - t.c0[a];
   }
   FmpOrderedSum<acc_t> r{acc_t(0), 0};
+  const int run = static_cast<int>(hi[2] - lo[2]);  // candidates of a row, less one
   for (IndexT pt = lo[0]; pt <= hi[0]; ++pt) {
     for (IndexT ph = lo[1]; ph <= hi[1]; ++ph) {
-      const IndexT row = (pt * p.box_h.divisor + ph) * p.box_w.divisor;
-      for (IndexT pw = lo[2]; pw <= hi[2]; ++pw) {
-        if ((targets[row + pw] & kTargetMask) == slot) {
-          r.sum += dys[row + pw];
-          if (++r.matched == count) return r;
+      const IndexT first = (pt * p.box_h.divisor + ph) * p.box_w.divisor + lo[2];
+      const uint32_t* tq = targets + first;
+      const acc_t* dq = dys + first;
+      for (int n = run; n >= 0; --n, ++tq, ++dq) {
+        if ((*tq & kTargetMask) == slot) {
+          r.sum += *dq;
+          ++r.matched;
         }
       }
+      if (r.matched == count) return r;
     }
   }
   return r;
@@ -964,6 +968,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
     for (IndexT first = 0; first < t.ncells; first += kChunk) {
       int64_t target[kCellsPerThread];
       scalar_t grad[kCellsPerThread];
+      uint32_t listed = 0;  // tile_counts: bit j, the thread's cell j is its element's third contribution
       // Coalesced loads of the chunk (whole rows: one base, constant offsets).
       const int64_t* const ipc = ip + (WholeRows ? int64_t(t.o0) + first + threadIdx.x : 0);
       const scalar_t* const dyc = dyp + (WholeRows ? int64_t(t.o0) + first + threadIdx.x : 0);
@@ -1013,10 +1018,21 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           if (rank == 0) {
             acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0
           } else if (rank == 2) {  // a third contribution: the element is summed again after the barrier
-            recompute[atomicAdd(&recompute_count, 1)] = static_cast<uint16_t>(slot);
+            listed |= 1u << j;
           }
           dys[q] = static_cast<acc_t>(grad[j]);
           targets[q] = uint32_t(slot) | (rank << kTargetBits);
+        }
+      }
+      // The listed elements, one shared atomic a thread and chunk (per cell, the
+      // compiler's warp aggregation cost about 17 instructions a warp and cell).
+      if (!Disjoint && listed != 0) {
+        int at = atomicAdd(&recompute_count, __popc(listed));
+#pragma unroll
+        for (int j = 0; j < kCellsPerThread; ++j) {
+          if ((listed >> j) & 1u) {
+            recompute[at++] = static_cast<uint16_t>(targets[first + IndexT(j * kBwdThreads + threadIdx.x)]);
+          }
         }
       }
     }
