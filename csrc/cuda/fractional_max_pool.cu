@@ -43,6 +43,7 @@ constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a blo
 // tile holds at most kTileBytes / 4 elements); kNoTarget for a cell whose index is not
 // in the tile.
 constexpr int kTargetBits = 16;
+constexpr uint32_t kTargetMask = (1u << kTargetBits) - 1;  // the element
 constexpr uint32_t kNoTarget = ~0u;
 static_assert(kTileBytes / 4 < (int64_t(1) << kTargetBits));
 // Overlapping windows: 16-bit contribution counts, which cannot overflow: a tile's box
@@ -892,7 +893,7 @@ __device__ __forceinline__ bool fmp_in_reach(const FmpBwdParams<IndexT>& p, cons
 
 // tile_counts: tile element `slot` summed from 0 over the staged cells that target
 // it, in increasing o (its candidates, first(x)..last(x) per axis, all in the box),
-// and how many did (the scan ends after the row of candidates where `count` have).
+// and how many did (the scan ends after the row of candidates that completes `count`).
 template <typename acc_t>
 struct FmpOrderedSum {
   acc_t sum;
@@ -903,7 +904,6 @@ template <int Dims, typename IndexT, typename acc_t>
 __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t,
                                                 const acc_t* dys, const uint32_t* targets, uint32_t slot,
                                                 uint32_t count) {
-  constexpr uint32_t kTargetMask = (1u << kTargetBits) - 1;
   IndexT x[3], lo[3], hi[3];
   fmp_element<Dims>(p, IndexT(slot) + t.g0, x);
 #pragma unroll
@@ -1031,7 +1031,8 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
 #pragma unroll
         for (int j = 0; j < kCellsPerThread; ++j) {
           if ((listed >> j) & 1u) {
-            recompute[at++] = static_cast<uint16_t>(targets[first + IndexT(j * kBwdThreads + threadIdx.x)]);
+            const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+            recompute[at++] = static_cast<uint16_t>(targets[q] & kTargetMask);
           }
         }
       }
@@ -1061,7 +1062,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       // An element of two contributions: the second adds (either order gives the same sum).
       for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {
         const uint32_t target = targets[q];
-        const uint32_t slot = target & ((1u << kTargetBits) - 1);
+        const uint32_t slot = target & kTargetMask;
         if ((target >> kTargetBits) == 1 && count_of(slot) == 2) acct[slot] += dys[q];
       }
       // Three or more (listed, so that the warps sum them together): again, in order.
