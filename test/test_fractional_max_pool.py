@@ -311,7 +311,7 @@ def test_backward_tiles_load_fewest_cells_then_smallest(device):
 
 
 @pytest.mark.parametrize("dims, shape, k, out, dtype", [
-    (2, (1, 2, 32768, 32768), 3, 16384, torch.float32),   # 2^31 elements, overlapping windows (tile_masks)
+    (2, (1, 2, 32768, 32768), 3, 16384, torch.float32),   # 2^31 elements, overlapping windows (tile_counts)
     (3, (1, 1, 1291, 1291, 1291), 2, 645, torch.bfloat16),  # 2.15e9 elements, disjoint windows (tile_stores)
     (3, (1, 1, 1292, 1292, 1292), 2, 646, torch.bfloat16),  # 2.16e9 elements, stride 2 (owned boxes)
 ])
@@ -525,7 +525,7 @@ def test_backward_negative_zero_grad_adds_to_positive_zero(device, dims, dtype):
 def test_backward_stray_indices_in_one_tiled_plane(device, dims):
     # Forward indices everywhere but a few cells of one plane that point far from their
     # windows (one into another tile, one duplicated): only that plane takes the
-    # full-scan path, the others the tile masks; both must match the reference.
+    # full-scan path, the others the tile counts; both must match the reference.
     shape, k, out = ((3, 2, 140, 120), (3, 3), (50, 40)) if dims == 2 else ((2, 2, 12, 40, 36), (2, 3, 2), (6, 13, 17))
     x = random(shape, torch.float64, device)
     _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
