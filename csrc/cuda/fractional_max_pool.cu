@@ -35,6 +35,8 @@ constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves 
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
 constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a thread writes the boxes of
 constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest integer stride taken
+constexpr int kRowRun = 4;               // backward, tile_counts: candidates of a row visited unrolled (at most 4
+                                         // along W for 3 x 3 windows at strides above 1.25)
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
@@ -169,8 +171,9 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // disjoint windows, see tile_stores) and one vector of slack to align it with dx, a
 // field of `bits` bits per tile element (disjoint: 1, a "seen" bit; overlapping: 16, a
 // count), and with overlapping windows the dy (acc_t) and target (uint32) of each cell
-// of the box and a list of the elements of three or more contributions (uint16; each
-// takes three cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
+// of the box, a list of the elements of three or more contributions (uint16; each
+// takes three cells) and one of the box places of second contributions (uint16; each
+// element takes two cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
 // until the block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3
 // windows takes two tiles: four blocks per SM, not two), then on while the cells
 // loaded per element do not grow.
@@ -186,8 +189,8 @@ struct FmpBackwardChoice {
   bool whole_rows = false;       // a box holds whole rows of cells (W, and in 3d H, not split): place q is
                                  // cell o0 + q
   int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
-  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell and a list of box_cells / 2 + 1
-                                 // uint16 elements, 16-byte multiple
+  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell, a list of box_cells / 3 + 1
+                                 // and one of box_cells / 2 + 1 uint16, 16-byte multiple
   int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
   int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes
   // Owned boxes (fmp_backward_boxes_kernel): the integer stride per axis, and the
@@ -250,7 +253,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     const int64_t elems = t.tile[0] * t.tile[1] * t.tile[2];
     t.whole_rows = t.count[2] == 1 && (g.dims == 2 || t.count[1] == 1);
     t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
-    const int64_t list_bytes = (t.box_cells / 2 + 1) * 2;
+    const int64_t list_bytes = (t.box_cells / 3 + 1 + t.box_cells / 2 + 1) * 2;
     t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4) + list_bytes, 16) * 16;
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
     t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
@@ -716,16 +719,16 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // memory. Each of the tile's cells adds 1 to its element's count (integer atomicAdd),
 // which returns the cell's rank among the element's contributions; rank 0 stores
 // 0 + dy into the accumulator; every one of them stages its dy and its target (element
-// and rank) at its box place; rank 2 lists the element. After a barrier the cell of
-// rank 1 of an element of count 2 adds its dy (either order gives the same sum, -0
-// included), and the listed elements (three or more contributions), a thread each,
-// are summed again from 0, adding in increasing o the staged dy of the element's
-// candidates that target it; if fewer than the count do (a contributor from outside
-// its reach) the block flags a stray. So a contribution from outside a cell's reach
-// costs nothing unless its element has three or more. (The listed elements are 7-16%
-// of the contributed ones at the benchmark's 3 x 3 windows; summed by the cell of rank
-// 1 in place, every warp of the pass paid for the candidate loop of a lane or two: 2x
-// slower.)
+// and rank) at its box place; rank 1 lists its box place, rank 2 the element. After a
+// barrier each listed rank-1 cell whose element has count 2 adds its dy (either order
+// gives the same sum, -0 included), and each listed element (three or more
+// contributions), a thread each, is summed again from 0, adding in increasing o the
+// staged dy of the element's candidates that target it; if fewer than the count do (a
+// contributor from outside its reach) the block flags a stray. So a contribution from
+// outside a cell's reach costs nothing unless its element has three or more. (The
+// listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the contributed ones at the
+// benchmark's 3 x 3 windows on random inputs; summed by the cell of rank 1 in place,
+// every warp of the pass paid for the candidate loop of a lane or two: 2x slower.)
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
@@ -904,26 +907,43 @@ template <int Dims, typename IndexT, typename acc_t>
 __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t,
                                                 const acc_t* dys, const uint32_t* targets, uint32_t slot,
                                                 uint32_t count) {
-  IndexT x[3], lo[3], hi[3];
+  IndexT x[3], lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // 2d: one T place
   fmp_element<Dims>(p, IndexT(slot) + t.g0, x);
 #pragma unroll
-  for (int a = 0; a < 3; ++a) {  // box places; first(x) >= c0 within the tile
+  for (int a = 3 - Dims; a < 3; ++a) {  // box places; first(x) >= c0 within the tile
     lo[a] = p.axis[a].first(x[a]) - t.c0[a];
     hi[a] = p.axis[a].last(x[a]) - t.c0[a];
   }
   FmpOrderedSum<acc_t> r{acc_t(0), 0};
-  const int run = static_cast<int>(hi[2] - lo[2]);  // candidates of a row, less one
+  const IndexT run = hi[2] - lo[2] + 1;  // candidates of a row
+  const auto visit = [&](const uint32_t* tq, const acc_t* dq) {
+    if ((*tq & kTargetMask) == slot) {
+      r.sum += *dq;
+      ++r.matched;
+    }
+  };
   for (IndexT pt = lo[0]; pt <= hi[0]; ++pt) {
     for (IndexT ph = lo[1]; ph <= hi[1]; ++ph) {
       const IndexT first = (pt * p.box_h.divisor + ph) * p.box_w.divisor + lo[2];
-      const uint32_t* tq = targets + first;
-      const acc_t* dq = dys + first;
-      for (int n = run; n >= 0; --n, ++tq, ++dq) {
-        if ((*tq & kTargetMask) == slot) {
-          r.sum += *dq;
-          ++r.matched;
-        }
+      // The row's first kRowRun candidates with every load issued before the first
+      // compare (places past the row: its last candidate again, not counted); one that
+      // does not match adds +0, which leaves the sum's bits (the sum starts at +0, so it
+      // is never -0). Any more candidates one by one.
+      uint32_t tq[kRowRun];
+      acc_t dq[kRowRun];
+#pragma unroll
+      for (int n = 0; n < kRowRun; ++n) {
+        const IndexT at = first + (IndexT(n) < run ? IndexT(n) : run - 1);
+        tq[n] = targets[at];
+        dq[n] = dys[at];
       }
+#pragma unroll
+      for (int n = 0; n < kRowRun; ++n) {
+        const bool hit = IndexT(n) < run && (tq[n] & kTargetMask) == slot;
+        r.sum += hit ? dq[n] : acc_t(0);
+        r.matched += hit ? 1u : 0u;
+      }
+      for (IndexT n = kRowRun; n < run; ++n) visit(targets + first + n, dys + first + n);
       if (r.matched == count) return r;
     }
   }
@@ -939,12 +959,14 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   __shared__ int later_count;                      // tile_stores: contributions to elements already stored,
   __shared__ uint32_t later_slot[kLaterCap];       // kept for after the barrier
   __shared__ acc_t later_grad[kLaterCap];
-  __shared__ int recompute_count;                  // tile_counts: elements of three or more contributions
+  __shared__ uint32_t list_counts;                 // tile_counts: elements listed, crowded (low 16 bits) and
+                                                   // paired (high 16 bits)
   using store_t = std::conditional_t<Disjoint, scalar_t, acc_t>;  // the accumulator's elements
   store_t* const acc = reinterpret_cast<store_t*>(fmp_smem);        // per element (+ alignment slack)
   acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);        // tile_counts: per box cell
   uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);   // tile_counts: per box cell
-  uint16_t* const recompute = reinterpret_cast<uint16_t*>(targets + p.box_cells);  // tile_counts: those elements
+  uint16_t* const crowded = reinterpret_cast<uint16_t*>(targets + p.box_cells);  // tile_counts: elements of 3+
+  uint16_t* const paired = crowded + p.box_cells / 3 + 1;  // tile_counts: the places of second contributions
   uint32_t* const fields = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
   constexpr int kVec = 16 / sizeof(scalar_t);
   constexpr int kAccVec = 16 / sizeof(store_t);
@@ -956,7 +978,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
     const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT, WholeRows>(p, dx, static_cast<IndexT>(block));
-    if (threadIdx.x == 0) later_count = recompute_count = 0;
+    if (threadIdx.x == 0) later_count = list_counts = 0;
     zero(fmp_smem, p.acc_bytes);
     zero(reinterpret_cast<unsigned char*>(fields), p.mask_bytes);
     __syncthreads();  // accumulator and fields zeroed
@@ -969,6 +991,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       int64_t target[kCellsPerThread];
       scalar_t grad[kCellsPerThread];
       uint32_t listed = 0;  // tile_counts: bit j, the thread's cell j is its element's third contribution
+      uint32_t second = 0;  // tile_counts: bit j, the thread's cell j is its element's second contribution
       // Coalesced loads of the chunk (whole rows: one base, constant offsets).
       const int64_t* const ipc = ip + (WholeRows ? int64_t(t.o0) + first + threadIdx.x : 0);
       const scalar_t* const dyc = dyp + (WholeRows ? int64_t(t.o0) + first + threadIdx.x : 0);
@@ -1017,6 +1040,8 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           const uint32_t rank = (atomicAdd(word, 1u << at) >> at) & 0xffffu;
           if (rank == 0) {
             acct[slot] = acc_t(0) + static_cast<acc_t>(grad[j]);  // 0 + (-0) = +0
+          } else if (rank == 1) {  // a second contribution: added after the barrier if it is the last
+            second |= 1u << j;
           } else if (rank == 2) {  // a third contribution: the element is summed again after the barrier
             listed |= 1u << j;
           }
@@ -1024,16 +1049,18 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           targets[q] = uint32_t(slot) | (rank << kTargetBits);
         }
       }
-      // The listed elements, one shared atomic a thread and chunk (per cell, the
-      // compiler's warp aggregation cost about 17 instructions a warp and cell).
-      if (!Disjoint && listed != 0) {
-        int at = atomicAdd(&recompute_count, __popc(listed));
+      // The listed elements and second contributions, one shared atomic a thread and
+      // chunk for both lists (per cell, the compiler's warp aggregation cost about 17
+      // instructions a warp and cell). Neither count reaches 2^16: a box holds fewer
+      // cells, and each listed element takes two or three.
+      if (!Disjoint && (listed | second) != 0) {
+        const uint32_t at = atomicAdd(&list_counts, __popc(listed) | (__popc(second) << 16));
+        uint32_t at_crowded = at & 0xffffu, at_paired = at >> 16;
 #pragma unroll
         for (int j = 0; j < kCellsPerThread; ++j) {
-          if ((listed >> j) & 1u) {
-            const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
-            recompute[at++] = static_cast<uint16_t>(targets[q] & kTargetMask);
-          }
+          const IndexT q = first + IndexT(j * kBwdThreads + threadIdx.x);
+          if ((listed >> j) & 1u) crowded[at_crowded++] = static_cast<uint16_t>(targets[q] & kTargetMask);
+          if ((second >> j) & 1u) paired[at_paired++] = static_cast<uint16_t>(q);
         }
       }
     }
@@ -1059,15 +1086,16 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
     } else {
       __syncthreads();  // counts complete, cells staged, first contributions stored, elements listed
       const auto count_of = [&](uint32_t slot) { return (fields[slot >> 1] >> ((slot & 1) * 16)) & 0xffffu; };
+      const uint32_t lists = list_counts;
       // An element of two contributions: the second adds (either order gives the same sum).
-      for (IndexT q = threadIdx.x; q < t.ncells; q += kBwdThreads) {
-        const uint32_t target = targets[q];
-        const uint32_t slot = target & kTargetMask;
-        if ((target >> kTargetBits) == 1 && count_of(slot) == 2) acct[slot] += dys[q];
+      for (uint32_t i = threadIdx.x; i < (lists >> 16); i += kBwdThreads) {
+        const uint32_t q = paired[i];
+        const uint32_t slot = targets[q] & kTargetMask;
+        if (count_of(slot) == 2) acct[slot] += dys[q];
       }
       // Three or more (listed, so that the warps sum them together): again, in order.
-      for (int i = threadIdx.x; i < recompute_count; i += kBwdThreads) {
-        const uint32_t slot = recompute[i];
+      for (uint32_t i = threadIdx.x; i < (lists & 0xffffu); i += kBwdThreads) {
+        const uint32_t slot = crowded[i];
         const uint32_t count = count_of(slot);
         const FmpOrderedSum<acc_t> s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot, count);
         acct[slot] = s.sum;
