@@ -37,6 +37,7 @@ constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a 
 constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest integer stride taken
 constexpr int kRowRun = 4;               // backward, tile_counts: candidates of a row visited unrolled (at most 4
                                          // along W for 3 x 3 windows at strides above 1.25)
+constexpr int kTileTable = 8;            // backward: tiles per plane whose geometry the host computes
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
@@ -780,6 +781,18 @@ struct FmpBwdAxis {
   }
 };
 
+// A tile's geometry (the same in every plane), and with it the block's plane and the
+// alignment of its dx.
+template <typename IndexT>
+struct FmpTile {
+  IndexT plane, g0;    // the plane; the tile's first element within the plane
+  int len, shift;      // elements of the tile; its dx start's offset from 16-byte alignment, in elements
+  IndexT c0[3], n[3];  // per axis, the cells whose reach meets the tile: [c0, c0 + n)
+  IndexT o0;           // the box's first cell (c0 on every axis), plane-relative
+  IndexT ncells;       // box places to visit: with whole rows n[T] x n[H] x n[W], else n[T] x box_h x box_w
+                       // (rows of the box past n hold no cell)
+};
+
 template <typename IndexT>
 struct FmpBwdParams {
   FmpBwdAxis<IndexT> axis[3];
@@ -791,45 +804,43 @@ struct FmpBwdParams {
   int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell and
                                           // a list (overlapping windows); the fields
   int box_cells;                    // most cells in a tile's box
+  int dx_shift;                     // dx's offset from 16-byte alignment, in elements
+  FmpTile<IndexT> table[kTileTable];  // with at most kTileTable tiles per plane: each tile's geometry
+                                      // (fmp_tile_geometry; plane and shift unset)
 };
 
-// A block's tile, which every thread of the block computes (fast divisions only).
-template <typename IndexT>
-struct FmpTile {
-  IndexT plane, g0;    // the plane; the tile's first element within the plane
-  int len, shift;      // elements of the tile; its dx start's offset from 16-byte alignment, in elements
-  IndexT x0[3];        // per axis, the tile's first input position
-  IndexT c0[3], n[3];  // per axis, the cells whose reach meets the tile: [c0, c0 + n)
-  IndexT o0;           // the box's first cell (c0 on every axis), plane-relative
-  IndexT ncells;       // box places to visit: with whole rows n[T] x n[H] x n[W], else n[T] x box_h x box_w
-                       // (rows of the box past n hold no cell)
-};
-
+// A block's tile: its geometry from the table, or computed by every thread of the
+// block (fast divisions only; about 140 instructions a warp, 10% of the kernel's at
+// [32, 128, 56, 56] k = 3).
 template <typename scalar_t, typename IndexT, bool WholeRows>
-__device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, const scalar_t* dx,
-                                                    IndexT block) {
+__device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, IndexT block) {
   constexpr int kVec = 16 / sizeof(scalar_t);
   FmpTile<IndexT> t;
   const auto pt = p.tiles.divmod(block);
-  t.plane = pt.div;
-  IndexT rest = pt.mod, x1[3];
+  if (p.tiles.divisor <= IndexT(kTileTable)) {
+    t = p.table[pt.mod];
+  } else {
+    IndexT rest = pt.mod, x0[3], x1[3];
 #pragma unroll
-  for (int a = 2; a >= 0; --a) {
-    const auto& ax = p.axis[a];
-    const auto ic = ax.count.divmod(rest);
-    rest = ic.div;
-    t.x0[a] = ic.mod * ax.tile;
-    x1[a] = t.x0[a] + ax.tile < ax.in ? t.x0[a] + ax.tile : ax.in;
-    t.c0[a] = ax.first(t.x0[a]);
-    const IndexT c1 = ax.last(x1[a] - 1);
-    t.n[a] = c1 >= t.c0[a] ? c1 - t.c0[a] + 1 : 0;
+    for (int a = 2; a >= 0; --a) {
+      const auto& ax = p.axis[a];
+      const auto ic = ax.count.divmod(rest);
+      rest = ic.div;
+      x0[a] = ic.mod * ax.tile;
+      x1[a] = x0[a] + ax.tile < ax.in ? x0[a] + ax.tile : ax.in;
+      t.c0[a] = ax.first(x0[a]);
+      const IndexT c1 = ax.last(x1[a] - 1);
+      t.n[a] = c1 >= t.c0[a] ? c1 - t.c0[a] + 1 : 0;
+    }
+    t.g0 = (x0[0] * p.axis[1].in + x0[1]) * p.axis[2].in + x0[2];
+    t.len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
+    t.o0 = (t.c0[0] * p.axis[1].out + t.c0[1]) * p.axis[2].out + t.c0[2];
+    t.ncells = WholeRows ? t.n[0] * t.n[1] * t.n[2] : t.n[0] * p.box_h.divisor * p.box_w.divisor;
   }
-  t.g0 = (t.x0[0] * p.axis[1].in + t.x0[1]) * p.axis[2].in + t.x0[2];
-  t.len = static_cast<int>((x1[0] - t.x0[0]) * (x1[1] - t.x0[1]) * (x1[2] - t.x0[2]));
-  t.shift = static_cast<int>(
-      (reinterpret_cast<uintptr_t>(dx + int64_t(t.plane) * p.in_plane + t.g0) / sizeof(scalar_t)) % kVec);
-  t.o0 = (t.c0[0] * p.axis[1].out + t.c0[1]) * p.axis[2].out + t.c0[2];
-  t.ncells = WholeRows ? t.n[0] * t.n[1] * t.n[2] : t.n[0] * p.box_h.divisor * p.box_w.divisor;
+  t.plane = pt.div;
+  // (dx + plane * in_plane + g0) in elements, modulo kVec (a power of 2: low bits only).
+  t.shift = static_cast<int>((uint32_t(p.dx_shift) + uint32_t(t.plane) * uint32_t(p.in_plane) + uint32_t(t.g0)) &
+                             uint32_t(kVec - 1));
   return t;
 }
 
@@ -977,7 +988,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   };
 
   for (int64_t block = blockIdx.x; block < p.blocks; block += gridDim.x) {
-    const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT, WholeRows>(p, dx, static_cast<IndexT>(block));
+    const FmpTile<IndexT> t = fmp_tile<scalar_t, IndexT, WholeRows>(p, static_cast<IndexT>(block));
     if (threadIdx.x == 0) later_count = list_counts = 0;
     zero(fmp_smem, p.acc_bytes);
     zero(reinterpret_cast<unsigned char*>(fields), p.mask_bytes);
@@ -1405,6 +1416,27 @@ void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardChoice& c,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Tile `tile` of a plane as fmp_tile computes it on the device (fmp_reach_cells is
+// first(x0)..last(x1 - 1) per axis); plane and shift unset.
+template <typename IndexT>
+FmpTile<IndexT> fmp_tile_geometry(const FmpGeometry& g, const FmpBackwardChoice& c, int64_t tile) {
+  FmpTile<IndexT> t{};
+  int64_t rest = tile, x0[3], x1[3], c0[3], n[3];
+  for (int a = 2; a >= 0; --a) {
+    x0[a] = rest % c.count[a] * c.tile[a];
+    rest /= c.count[a];
+    x1[a] = std::min(x0[a] + c.tile[a], g.in[a]);
+    fmp_reach_cells(g.in[a], g.out[a], g.k[a], x0[a], x1[a] - 1, c0[a], n[a]);
+    t.c0[a] = static_cast<IndexT>(c0[a]);
+    t.n[a] = static_cast<IndexT>(n[a]);
+  }
+  t.g0 = static_cast<IndexT>((x0[0] * g.in[1] + x0[1]) * g.in[2] + x0[2]);
+  t.len = static_cast<int>((x1[0] - x0[0]) * (x1[1] - x0[1]) * (x1[2] - x0[2]));
+  t.o0 = static_cast<IndexT>((c0[0] * g.out[1] + c0[1]) * g.out[2] + c0[2]);
+  t.ncells = static_cast<IndexT>(c.whole_rows ? n[0] * n[1] * n[2] : n[0] * c.box[1] * c.box[2]);
+  return t;
+}
+
 template <typename scalar_t, typename IndexT, int Dims>
 void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const at::Tensor& dy,
                          const at::Tensor& idx, const at::Tensor& dx, const at::Tensor& workspace) {
@@ -1434,6 +1466,8 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
   p.cell_bytes = static_cast<int>(c.cell_bytes);
   p.box_cells = static_cast<int>(c.box_cells);
   p.mask_bytes = static_cast<int>(c.mask_bytes);
+  p.dx_shift = static_cast<int>((reinterpret_cast<uintptr_t>(dx.const_data_ptr()) / sizeof(scalar_t)) %
+                                (16 / sizeof(scalar_t)));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
   if (c.boxes) {
@@ -1443,6 +1477,9 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
                                              : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true, false>)
                              : (c.whole_rows ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false, true>
                                              : fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, false, false>);
+    for (int64_t i = 0; i < std::min<int64_t>(c.tiles, kTileTable); ++i) {
+      p.table[i] = fmp_tile_geometry<IndexT>(g, c, i);
+    }
     const int smem = static_cast<int>(c.smem_bytes);
     const int64_t block_smem =  // + the static shared memory
         smem + 8 + kLaterCap * int64_t(4 + sizeof(acc_t));
