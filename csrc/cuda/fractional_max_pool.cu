@@ -35,8 +35,8 @@ constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves 
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
 constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a thread writes the boxes of
 constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest integer stride taken
-constexpr int kRowRun = 4;               // backward, tile_counts: candidates of a row visited unrolled (at most 4
-                                         // along W for 3 x 3 windows at strides above 1.25)
+constexpr int kRowRun = 3;               // backward, tile_counts: candidates of a row visited unrolled (at most 3
+                                         // along W for 3 x 3 windows at strides above 4 / 3)
 constexpr int kTileTable = 8;            // backward: tiles per plane whose geometry the host computes
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
@@ -773,10 +773,13 @@ struct FmpBwdAxis {
     const IndexT c = A_div.div((x - k) * B.divisor + A - 1);
     return c < out ? c : out - 1;
   }
-  // The last cell whose reach can hold x (fmp_reach_cells' c0 + n - 1 for [x, x]).
-  __device__ __forceinline__ IndexT last(IndexT x) const {
+  // The last cell c with f(c) <= x + margin. Margin 1: the last whose reach can hold
+  // x (fmp_reach_cells' c0 + n - 1 for [x, x]); margin 0: the last whose window can
+  // hold x unless float rounding moved it (its start is f(c) or f(c) + 1 in exact
+  // arithmetic, so the window lies in [f(c), f(c) + k]).
+  __device__ __forceinline__ IndexT last(IndexT x, IndexT margin = 1) const {
     if (out == 1) return 0;
-    const IndexT c = A_div.div((x + 2) * B.divisor - 1);
+    const IndexT c = A_div.div((x + 1 + margin) * B.divisor - 1);
     return c < out ? c : out - 1;
   }
 };
@@ -906,8 +909,10 @@ __device__ __forceinline__ bool fmp_in_reach(const FmpBwdParams<IndexT>& p, cons
 }
 
 // tile_counts: tile element `slot` summed from 0 over the staged cells that target
-// it, in increasing o (its candidates, first(x)..last(x) per axis, all in the box),
-// and how many did (the scan ends after the row of candidates that completes `count`).
+// it, in increasing o (its candidates: first(x)..last(x, margin) per axis, all in the
+// box: with margin 0 the cells whose window can hold x unless float rounding moved
+// it, with margin 1 those whose reach can), and how many did (the scan ends after the
+// row of candidates that completes `count`; none when an axis has no candidate).
 template <typename acc_t>
 struct FmpOrderedSum {
   acc_t sum;
@@ -917,15 +922,17 @@ struct FmpOrderedSum {
 template <int Dims, typename IndexT, typename acc_t>
 __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t,
                                                 const acc_t* dys, const uint32_t* targets, uint32_t slot,
-                                                uint32_t count) {
+                                                uint32_t count, IndexT margin) {
+  FmpOrderedSum<acc_t> r{acc_t(0), 0};
   IndexT x[3], lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // 2d: one T place
   fmp_element<Dims>(p, IndexT(slot) + t.g0, x);
 #pragma unroll
   for (int a = 3 - Dims; a < 3; ++a) {  // box places; first(x) >= c0 within the tile
-    lo[a] = p.axis[a].first(x[a]) - t.c0[a];
-    hi[a] = p.axis[a].last(x[a]) - t.c0[a];
+    const IndexT first = p.axis[a].first(x[a]), last = p.axis[a].last(x[a], margin);
+    if (last < first) return r;  // (windows farther apart than k + 1 along this axis)
+    lo[a] = first - t.c0[a];
+    hi[a] = last - t.c0[a];
   }
-  FmpOrderedSum<acc_t> r{acc_t(0), 0};
   const IndexT run = hi[2] - lo[2] + 1;  // candidates of a row
   const auto visit = [&](const uint32_t* tq, const acc_t* dq) {
     if ((*tq & kTargetMask) == slot) {
@@ -1106,7 +1113,10 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       for (uint32_t i = threadIdx.x; i < (lists & 0xffffu); i += kBwdThreads) {
         const uint32_t slot = crowded[i];
         const uint32_t count = count_of(slot);
-        const FmpOrderedSum<acc_t> s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot, count);
+        // The candidates of unmoved windows (3 x 3 at the benchmark's 3 x 3 windows, where
+        // reach holds 4 x 4); those of the reach if a window moved.
+        FmpOrderedSum<acc_t> s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot, count, IndexT(0));
+        if (s.matched != count) s = fmp_ordered_sum<Dims>(p, t, dys, targets, slot, count, IndexT(1));
         acct[slot] = s.sum;
         stray = stray || s.matched != count;
       }
