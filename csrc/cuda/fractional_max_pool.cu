@@ -724,8 +724,10 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // barrier each listed rank-1 cell whose element has count 2 adds its dy (either order
 // gives the same sum, -0 included), and each listed element (three or more
 // contributions), a thread each, is summed again from 0, adding in increasing o the
-// staged dy of the element's candidates that target it; if fewer than the count do (a
-// contributor from outside its reach) the block flags a stray. So a contribution from
+// staged dy of the element's candidates that target it (first those whose window can
+// hold it unless float rounding moved it, f(c) in [x - k, x] per axis: 3 x 3 instead of
+// 4 x 4 at the benchmark's 3 x 3 windows; if fewer than the count do, all); if fewer
+// than the count do (a contributor from outside its reach) the block flags a stray. So a contribution from
 // outside a cell's reach costs nothing unless its element has three or more. (The
 // listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the contributed ones at the
 // benchmark's 3 x 3 windows on random inputs; summed by the cell of rank 1 in place,
@@ -805,7 +807,7 @@ struct FmpBwdParams {
                                     // staged at their place in a box this size)
   int64_t in_plane, out_plane, blocks;
   int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell and
-                                          // a list (overlapping windows); the fields
+                                          // two lists (overlapping windows); the fields
   int box_cells;                    // most cells in a tile's box
   int dx_shift;                     // dx's offset from 16-byte alignment, in elements
   FmpTile<IndexT> table[kTileTable];  // with at most kTileTable tiles per plane: each tile's geometry
