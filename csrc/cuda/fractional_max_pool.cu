@@ -727,11 +727,12 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // staged dy of the element's candidates that target it (first those whose window can
 // hold it unless float rounding moved it, f(c) in [x - k, x] per axis: 3 x 3 instead of
 // 4 x 4 at the benchmark's 3 x 3 windows; if fewer than the count do, all); if fewer
-// than the count do (a contributor from outside its reach) the block flags a stray. So a contribution from
-// outside a cell's reach costs nothing unless its element has three or more. (The
-// listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the contributed ones at the
-// benchmark's 3 x 3 windows on random inputs; summed by the cell of rank 1 in place,
-// every warp of the pass paid for the candidate loop of a lane or two: 2x slower.)
+// than the count do (a contributor from outside its reach) the block flags a stray. So
+// a contribution from outside a cell's reach costs nothing unless its element has three
+// or more. (The listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the
+// contributed ones at the benchmark's 3 x 3 windows on random inputs; summed by the
+// cell of rank 1 in place, every warp of the pass paid for the candidate loop of a lane
+// or two: 2x slower.)
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
