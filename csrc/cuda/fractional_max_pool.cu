@@ -725,11 +725,11 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // hold it unless float rounding moved it, f(c) in [x - k, x] per axis: 3 x 3 instead
 // of 4 x 4 at the benchmark's 3 x 3 windows; if fewer than the count do, all); if
 // fewer than the count do (a contributor from outside its reach) the block flags a
-// stray. So a contribution from
-// outside a cell's reach costs nothing unless its element has three or more. (The
-// listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the contributed ones at the
-// benchmark's 3 x 3 windows on random inputs; summed by the cell of rank 1 in place,
-// every warp of the pass paid for the candidate loop of a lane or two: 2x slower.)
+// stray. So a contribution from outside a cell's reach costs nothing unless its element
+// has three or more. (The listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the
+// contributed ones at the benchmark's 3 x 3 windows on random inputs; summed by the
+// cell of rank 1 in place, every warp of the pass paid for the candidate loop of a lane
+// or two: 2x slower.)
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
@@ -750,8 +750,8 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // scan (fmp_scan_plane: sum over all o in increasing order; out-of-plane indices add
 // nothing); with one tile per plane the block scans its plane itself instead of
 // storing its tile, and no fixup kernel is launched. Every cell is loaded by at least
-// one tile (reach(c) meets [0, in)), so every stray is seen. Forward indices are never strays unless float rounding moved a
-// start by two, which only costs time.
+// one tile (reach(c) meets [0, in)), so every stray is seen. Forward indices are never
+// strays unless float rounding moved a start by two, which only costs time.
 // (Replaced: session 5's tile_rounds, rounds of cells that cannot collide added one
 // after another between barriers; sessions 6-27's tile_masks, a field of bits per
 // element naming its contributors by their offsets from first(x), two lists and
