@@ -289,7 +289,8 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     window (indices not made by the forward); in ``tile_counts`` also an element of three
     or more contributions one of which lies outside its cell's window;
     in ``tile_stores`` a third contribution to one element: such planes are recomputed by
-    an ordered full scan. In ``owned_boxes`` an index moved into a neighbouring box by
+    an ordered full scan (by a second kernel; where a plane is one tile, by that tile's
+    block itself, and the second kernel is not launched). In ``owned_boxes`` an index moved into a neighbouring box by
     float rounding of the window start only has its element summed again, in order.
     """
 

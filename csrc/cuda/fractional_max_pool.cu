@@ -41,14 +41,11 @@ constexpr int kTileTable = 8;            // backward: tiles per plane whose geom
 constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
 constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
 constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
-// Backward, overlapping windows: a box cell's staged target is its tile element in the
-// low kTargetBits bits and its rank among that element's contributions above them (a
-// tile holds at most kTileBytes / 4 elements); kNoTarget for a cell whose index is not
+// Backward, overlapping windows: a box cell's staged target is its tile element (a
+// tile holds at most kTileBytes / 4 elements), kNoTarget for a cell whose index is not
 // in the tile.
-constexpr int kTargetBits = 16;
-constexpr uint32_t kTargetMask = (1u << kTargetBits) - 1;  // the element
-constexpr uint32_t kNoTarget = ~0u;
-static_assert(kTileBytes / 4 < (int64_t(1) << kTargetBits));
+constexpr uint16_t kNoTarget = 0xffff;
+static_assert(kTileBytes / 4 < kNoTarget);
 // Overlapping windows: 16-bit contribution counts, which cannot overflow: a tile's box
 // holds fewer cells (each takes at least 8 of a block's at most 227 KB of shared memory).
 static_assert(227 * 1024 / 8 < (1 << 16));
@@ -171,7 +168,7 @@ FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
 // Shared memory of a block: an accumulator per tile element (acc_t; scalar_t for
 // disjoint windows, see tile_stores) and one vector of slack to align it with dx, a
 // field of `bits` bits per tile element (disjoint: 1, a "seen" bit; overlapping: 16, a
-// count), and with overlapping windows the dy (acc_t) and target (uint32) of each cell
+// count), and with overlapping windows the dy (acc_t) and target (uint16) of each cell
 // of the box, a list of the elements of three or more contributions (uint16; each
 // takes three cells) and one of the box places of second contributions (uint16; each
 // element takes two cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
@@ -190,7 +187,7 @@ struct FmpBackwardChoice {
   bool whole_rows = false;       // a box holds whole rows of cells (W, and in 3d H, not split): place q is
                                  // cell o0 + q
   int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
-  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint32 per box cell, a list of box_cells / 3 + 1
+  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint16 per box cell, a list of box_cells / 3 + 1
                                  // and one of box_cells / 2 + 1 uint16, 16-byte multiple
   int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
   int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes
@@ -255,7 +252,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
     t.whole_rows = t.count[2] == 1 && (g.dims == 2 || t.count[1] == 1);
     t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
     const int64_t list_bytes = (t.box_cells / 3 + 1 + t.box_cells / 2 + 1) * 2;
-    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 4) + list_bytes, 16) * 16;
+    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 2) + list_bytes, 16) * 16;
     t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
     t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
     return t;
@@ -719,8 +716,8 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // Overlapping windows (tile_counts). Each tile element has a 16-bit count in shared
 // memory. Each of the tile's cells adds 1 to its element's count (integer atomicAdd),
 // which returns the cell's rank among the element's contributions; rank 0 stores
-// 0 + dy into the accumulator; every one of them stages its dy and its target (element
-// and rank) at its box place; rank 1 lists its box place, rank 2 the element. After a
+// 0 + dy into the accumulator; every one of them stages its dy and its target (the
+// element) at its box place; rank 1 lists its box place, rank 2 the element. After a
 // barrier each listed rank-1 cell whose element has count 2 adds its dy (either order
 // gives the same sum, -0 included), and each listed element (three or more
 // contributions), a thread each, is summed again from 0, adding in increasing o the
@@ -750,10 +747,11 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 //
 // Strays. A block that sees one writes flag 1 (else 0) to workspace[b], and
 // fmp_stray_fixup_kernel recomputes every plane with a flag by a full ordered
-// scan (sum over all o in increasing order; out-of-plane indices add nothing).
-// Every cell is loaded by at least one tile (reach(c) meets [0, in)), so every
-// stray is seen. Forward indices are never strays unless float rounding moved a
-// start by two, which only costs time.
+// scan (fmp_scan_plane: sum over all o in increasing order; out-of-plane indices add
+// nothing); with one tile per plane the block scans its plane itself instead of
+// storing its tile, and no fixup kernel is launched. Every cell is loaded by at least
+// one tile (reach(c) meets [0, in)), so every stray is seen. Forward indices are never
+// strays unless float rounding moved a start by two, which only costs time.
 // (Replaced: session 5's tile_rounds, rounds of cells that cannot collide added one
 // after another between barriers; sessions 6-27's tile_masks, a field of bits per
 // element naming its contributors by their offsets from first(x), two lists and
@@ -807,7 +805,7 @@ struct FmpBwdParams {
   IntDivider<IndexT> box_w, box_h;  // box extents along W and H (the widest over the tiles; cells are
                                     // staged at their place in a box this size)
   int64_t in_plane, out_plane, blocks;
-  int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint32 per box cell and
+  int acc_bytes, cell_bytes, mask_bytes;  // shared memory: acc_t per element; acc_t + uint16 per box cell and
                                           // two lists (overlapping windows); the fields
   int box_cells;                    // most cells in a tile's box
   int dx_shift;                     // dx's offset from 16-byte alignment, in elements
@@ -924,7 +922,7 @@ struct FmpOrderedSum {
 
 template <int Dims, typename IndexT, typename acc_t>
 __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, const FmpTile<IndexT>& t,
-                                                const acc_t* dys, const uint32_t* targets, uint32_t slot,
+                                                const acc_t* dys, const uint16_t* targets, uint32_t slot,
                                                 uint32_t count, IndexT margin) {
   FmpOrderedSum<acc_t> r{acc_t(0), 0};
   IndexT x[3], lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // 2d: one T place
@@ -937,8 +935,8 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
     hi[a] = last - t.c0[a];
   }
   const IndexT run = hi[2] - lo[2] + 1;  // candidates of a row
-  const auto visit = [&](const uint32_t* tq, const acc_t* dq) {
-    if ((*tq & kTargetMask) == slot) {
+  const auto visit = [&](const uint16_t* tq, const acc_t* dq) {
+    if (*tq == slot) {
       r.sum += *dq;
       ++r.matched;
     }
@@ -950,7 +948,7 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
       // compare (places past the row: its last candidate again, not counted); one that
       // does not match adds +0, which leaves the sum's bits (the sum starts at +0, so it
       // is never -0). Any more candidates one by one.
-      uint32_t tq[kRowRun];
+      uint16_t tq[kRowRun];
       acc_t dq[kRowRun];
 #pragma unroll
       for (int n = 0; n < kRowRun; ++n) {
@@ -960,7 +958,7 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
       }
 #pragma unroll
       for (int n = 0; n < kRowRun; ++n) {
-        const bool hit = IndexT(n) < run && (tq[n] & kTargetMask) == slot;
+        const bool hit = IndexT(n) < run && tq[n] == slot;
         r.sum += hit ? dq[n] : acc_t(0);
         r.matched += hit ? 1u : 0u;
       }
@@ -969,6 +967,21 @@ __device__ FmpOrderedSum<acc_t> fmp_ordered_sum(const FmpBwdParams<IndexT>& p, c
     }
   }
   return r;
+}
+
+// One plane's dx by the ordered scan, the block's threads taking elements in turn:
+// dx[e] = sum over o in increasing order of dy[o] with idx[o] == e (an index outside
+// the plane adds nothing).
+template <typename scalar_t, typename acc_t>
+__device__ void fmp_scan_plane(const scalar_t* dyp, const int64_t* ip, scalar_t* dxp, int64_t in_plane,
+                               int64_t out_plane) {
+  for (int64_t e = threadIdx.x; e < in_plane; e += blockDim.x) {
+    acc_t acc = 0;
+    for (int64_t o = 0; o < out_plane; ++o) {
+      if (ip[o] == e) acc += static_cast<acc_t>(dyp[o]);
+    }
+    dxp[e] = static_cast<scalar_t>(acc);
+  }
 }
 
 template <typename scalar_t, typename acc_t, typename IndexT, int Dims, bool Disjoint, bool WholeRows>
@@ -985,8 +998,8 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
   using store_t = std::conditional_t<Disjoint, scalar_t, acc_t>;  // the accumulator's elements
   store_t* const acc = reinterpret_cast<store_t*>(fmp_smem);        // per element (+ alignment slack)
   acc_t* const dys = reinterpret_cast<acc_t*>(fmp_smem + p.acc_bytes);        // tile_counts: per box cell
-  uint32_t* const targets = reinterpret_cast<uint32_t*>(dys + p.box_cells);   // tile_counts: per box cell
-  uint16_t* const crowded = reinterpret_cast<uint16_t*>(targets + p.box_cells);  // tile_counts: elements of 3+
+  uint16_t* const targets = reinterpret_cast<uint16_t*>(dys + p.box_cells);   // tile_counts: per box cell
+  uint16_t* const crowded = targets + p.box_cells;  // tile_counts: elements of 3+
   uint16_t* const paired = crowded + p.box_cells / 3 + 1;  // tile_counts: the places of second contributions
   uint32_t* const fields = reinterpret_cast<uint32_t*>(fmp_smem + p.acc_bytes + p.cell_bytes);
   constexpr int kVec = 16 / sizeof(scalar_t);
@@ -1063,7 +1076,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           second |= rank == 1 ? 1u << j : 0u;  // added after the barrier if it is the last
           listed |= rank == 2 ? 1u << j : 0u;  // the element is summed again after the barrier
           dys[q] = static_cast<acc_t>(grad[j]);
-          targets[q] = uint32_t(slot) | (rank << kTargetBits);
+          targets[q] = static_cast<uint16_t>(slot);
         }
       }
       // The listed elements and second contributions, one shared atomic a thread and
@@ -1077,7 +1090,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
         };
         uint16_t* to = crowded + (at & 0xffffu);
         for (uint32_t bits = listed; bits != 0; bits &= bits - 1) {  // over the set bits (an unrolled
-          *to++ = static_cast<uint16_t>(targets[place(bits)] & kTargetMask);  // loop over j: 10% of the
+          *to++ = targets[place(bits)];  // loop over j: 10% of the
         }                                                                      // kernel's instructions)
         to = paired + (at >> 16);
         for (uint32_t bits = second; bits != 0; bits &= bits - 1) *to++ = static_cast<uint16_t>(place(bits));
@@ -1100,7 +1113,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
             acct[later_slot[i]] = static_cast<store_t>(static_cast<acc_t>(acct[later_slot[i]]) + later_grad[i]);
           }
         }
-        __syncthreads();
+        any_stray = __syncthreads_or(any_stray);  // thread 0's verdict, for every thread
       }
     } else {
       __syncthreads();  // counts complete, cells staged, first contributions stored, elements listed
@@ -1109,7 +1122,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       // An element of two contributions: the second adds (either order gives the same sum).
       for (uint32_t i = threadIdx.x; i < (lists >> 16); i += kBwdThreads) {
         const uint32_t q = paired[i];
-        const uint32_t slot = targets[q] & kTargetMask;
+        const uint32_t slot = targets[q];
         if (count_of(slot) == 2) acct[slot] += dys[q];
       }
       // Three or more (listed, so that the warps sum them together): again, in order.
@@ -1126,27 +1139,31 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
       any_stray = __syncthreads_or(stray);  // sums complete
     }
     if (threadIdx.x == 0) strays[block] = any_stray ? 1 : 0;
-
-    const int head = std::min(t.len, (kVec - t.shift) % kVec);
-    const int nvec = (t.len - head) / kVec;
-    for (int i = threadIdx.x; i < head; i += kBwdThreads) dxt[i] = static_cast<scalar_t>(acct[i]);
-    for (int v = threadIdx.x; v < nvec; v += kBwdThreads) {
-      const int i = head + v * kVec;
-      cuda::Vec<scalar_t, kVec> out;
+    if (any_stray && p.tiles.divisor == 1) {
+      // The block holds the whole plane: it scans the plane itself (no fixup kernel).
+      fmp_scan_plane<scalar_t, acc_t>(dyp, ip, dxt, p.in_plane, p.out_plane);
+    } else {
+      const int head = std::min(t.len, (kVec - t.shift) % kVec);
+      const int nvec = (t.len - head) / kVec;
+      for (int i = threadIdx.x; i < head; i += kBwdThreads) dxt[i] = static_cast<scalar_t>(acct[i]);
+      for (int v = threadIdx.x; v < nvec; v += kBwdThreads) {
+        const int i = head + v * kVec;
+        cuda::Vec<scalar_t, kVec> out;
 #pragma unroll
-      for (int s = 0; s < kVec; s += kAccVec) {
-        const auto a = cuda::load_vec<store_t, kAccVec>(acct + i + s);
+        for (int s = 0; s < kVec; s += kAccVec) {
+          const auto a = cuda::load_vec<store_t, kAccVec>(acct + i + s);
 #pragma unroll
-        for (int u = 0; u < kAccVec; ++u) out.v[s + u] = static_cast<scalar_t>(a.v[u]);
+          for (int u = 0; u < kAccVec; ++u) out.v[s + u] = static_cast<scalar_t>(a.v[u]);
+        }
+        if constexpr (Dims == 3) {  // streaming: 3d float32 75.3 -> 74.2 us; 2d 0.5-0.7% slower so
+          cuda::store_vec_streaming<scalar_t, kVec>(dxt + i, out);
+        } else {
+          cuda::store_vec<scalar_t, kVec>(dxt + i, out);
+        }
       }
-      if constexpr (Dims == 3) {  // streaming: 3d float32 75.3 -> 74.2 us; 2d 0.5-0.7% slower so
-        cuda::store_vec_streaming<scalar_t, kVec>(dxt + i, out);
-      } else {
-        cuda::store_vec<scalar_t, kVec>(dxt + i, out);
+      for (int i = head + nvec * kVec + threadIdx.x; i < t.len; i += kBwdThreads) {
+        dxt[i] = static_cast<scalar_t>(acct[i]);
       }
-    }
-    for (int i = head + nvec * kVec + threadIdx.x; i < t.len; i += kBwdThreads) {
-      dxt[i] = static_cast<scalar_t>(acct[i]);
     }
     __syncthreads();  // shared memory and the tile are reused by the next block of the loop
   }
@@ -1365,15 +1382,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     for (uint32_t bits = scan; bits != 0; bits &= bits - 1) {
       const int64_t plane = first + __ffs(bits) - 1;
-      const scalar_t* dyp = dy + plane * out_plane;
-      const int64_t* ip = idx + plane * out_plane;
-      for (int64_t e = threadIdx.x; e < in_plane; e += kThreads) {
-        acc_t acc = 0;
-        for (int64_t o = 0; o < out_plane; ++o) {
-          if (ip[o] == e) acc += static_cast<acc_t>(dyp[o]);
-        }
-        dx[plane * in_plane + e] = static_cast<scalar_t>(acc);
-      }
+      fmp_scan_plane<scalar_t, acc_t>(dy + plane * out_plane, idx + plane * out_plane, dx + plane * in_plane,
+                                      in_plane, out_plane);
     }
     for (uint32_t bits = movers; bits != 0; bits &= bits - 1) {
       const int64_t plane = first + __ffs(bits) - 1;
@@ -1504,6 +1514,8 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
                                                  dx.mutable_data_ptr<scalar_t>(), strays, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  // A tile kernel whose blocks hold whole planes scans its planes itself.
+  if (!c.boxes && c.tiles == 1) return;
   const int64_t fixup_target = kFixupBlocksPerSm * cuda::num_sms();
   const int group = static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(g.planes(), fixup_target), 1, 32));
   const int64_t fixup_blocks = std::min(ceil_div<int64_t>(g.planes(), group), 2 * fixup_target);
