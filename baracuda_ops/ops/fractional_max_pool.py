@@ -290,8 +290,9 @@ class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     or more contributions one of which lies outside its cell's window;
     in ``tile_stores`` a third contribution to one element: such planes are recomputed by
     an ordered full scan (by a second kernel; where a plane is one tile, by that tile's
-    block itself, and the second kernel is not launched). In ``owned_boxes`` an index moved into a neighbouring box by
-    float rounding of the window start only has its element summed again, in order.
+    block itself, and the second kernel is not launched). In ``owned_boxes`` an index
+    moved into a neighbouring box by float rounding of the window start only has its
+    element summed again, in order.
     """
 
     def can_implement(self, args: FractionalMaxPoolBackwardArgs) -> None:

@@ -1093,9 +1093,8 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           return first + IndexT((__ffs(bits) - 1) * kBwdThreads + threadIdx.x);
         };
         uint16_t* to = crowded + (at & 0xffffu);
-        for (uint32_t bits = listed; bits != 0; bits &= bits - 1) {  // over the set bits (an unrolled
-          *to++ = targets[place(bits)];  // loop over j: 10% of the
-        }                                                                      // kernel's instructions)
+        // Over the set bits (an unrolled loop over j was 10% of the kernel's instructions).
+        for (uint32_t bits = listed; bits != 0; bits &= bits - 1) *to++ = targets[place(bits)];
         to = paired + (at >> 16);
         for (uint32_t bits = second; bits != 0; bits &= bits - 1) *to++ = static_cast<uint16_t>(place(bits));
       }
