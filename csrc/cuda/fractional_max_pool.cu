@@ -992,7 +992,7 @@ template <typename scalar_t, typename acc_t, typename IndexT, int Dims, bool Dis
 __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeof(IndexT) == 4))
     fmp_backward_tile_kernel(const scalar_t* __restrict__ dy, const int64_t* __restrict__ idx,
                              scalar_t* __restrict__ dx, int32_t* __restrict__ strays, FmpBwdParams<IndexT> p) {
-  cuda::start_next_grid();  // fmp_stray_fixup_kernel may take free slots now
+  cuda::start_next_grid();  // fmp_stray_fixup_kernel, when launched, may take free slots now
   extern __shared__ __align__(16) unsigned char fmp_smem[];
   __shared__ int later_count;                      // tile_stores: contributions to elements already stored,
   __shared__ uint32_t later_slot[kLaterCap];       // kept for after the barrier
