@@ -288,6 +288,19 @@ def test_cuda_backward_one_step_sums_take_8_byte_vectors(dtype):
                                    ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_backward_dx_stays_in_l2_up_to_a_third_of_it():
+    # dx is stored plainly (left in L2) up to a third of L2, evict-first past it; both sum alike.
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = l2 // (3 * 1024 * 4)  # float32 rows of 1024 that fit a third of L2
+    for m, policy in ((rows, "dx in l2"), (rows + 1, "dx evict_first")):
+        desc = baracuda_ops.RepeatBackwardDescriptor((m, 1024), (2, 1), torch.float32, "cuda")
+        assert policy in baracuda_ops.RepeatBackwardPlan.select(desc).sku().variant
+        g = random((2 * m, 1024), torch.float32, "cuda")
+        dx = torch.ops.baracuda.repeat_backward(g, [2, 1], [m, 1024])
+        assert torch.equal(dx, g[:m] + g[m:])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (uses ~9 GB)")
 def test_cuda_64bit_index_paths():
     # Outputs past 2^31 elements take the 64-bit index kernels.

@@ -179,6 +179,7 @@ inline int device_attribute(cudaDeviceAttr attr) {
 }
 
 inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+inline int64_t l2_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
 
 // Lets `kernel` take `smem` bytes of dynamic shared memory: past 48 KB it must
 // opt in, and static shared memory counts against the same 48 KB, so from 32 KB.
