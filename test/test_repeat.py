@@ -271,17 +271,18 @@ def test_cuda_vector_width_is_the_widest_dividing_the_run(shape, repeats, dtype,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_backward_one_step_sums_take_8_byte_vectors(dtype):
-    # At most 4 tiles a thread (one step of loads): 8-byte vectors; more tiles keep 16 bytes.
+    # At most 4 tiles a thread: one step of loads, 8-byte vectors; more tiles loop, 16 bytes.
     def bwd(shape, repeats):
         desc = baracuda_ops.RepeatBackwardDescriptor(shape, repeats, dtype, "cuda")
         return baracuda_ops.RepeatBackwardPlan.select(desc).sku().variant
 
     fwd = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((64, 64), (2, 2), dtype, "cuda"))
     assert "<16B," in fwd.sku().variant
-    assert "<8B," in bwd((64, 64), (2, 2)) and "unroll=4" in bwd((64, 64), (2, 2))
-    assert "<8B," in bwd((64, 64), (2, 1))
-    assert "<16B," in bwd((64, 64), (1, 5)) and "<16B," in bwd((64, 64), (16, 1))
-    for shape, repeats in (((64, 64), (2, 2)), ((3, 64), (1, 3)), ((7, 8, 64), (2, 1, 2))):
+    assert "<8B," in bwd((64, 64), (2, 2)) and "unroll=4,one step" in bwd((64, 64), (2, 2))
+    assert "<8B," in bwd((64, 64), (2, 1)) and "unroll=2,one step" in bwd((64, 64), (2, 1))
+    for more_tiles in ((1, 5), (16, 1)):
+        assert "<16B," in bwd((64, 64), more_tiles) and "one step" not in bwd((64, 64), more_tiles)
+    for shape, repeats in (((64, 64), (2, 2)), ((3, 64), (1, 3)), ((7, 8, 64), (2, 1, 2)), ((5, 64), (1, 1))):
         g = random([r * s for r, s in zip(repeats, shape)], dtype, "cuda")
         ref = g.double().reshape([d for r, s in zip(repeats, shape) for d in (r, s)]).sum((0, 2, 4)[:len(shape)])
         torch.testing.assert_close(torch.ops.baracuda.repeat_backward(g, list(repeats), list(shape)).double(),

@@ -46,6 +46,7 @@ struct RepeatChoice {
   bool index32 = true;          // 32-bit index math (fast division) when the output has < 2^31 elements
   int tile_lanes = 1;           // backward: warps per block splitting one vector range's tiles
   int unroll = 4;               // backward: tile loads in flight per thread (1, 2 or 4: enough for its tiles)
+  bool one_step = false;        // backward: every thread's tiles (<= 4, no tile lanes) load in one step
   bool evict_first_dx = true;   // backward: dx stored evict-first (st.global.cs), unless it fits a third of L2
   int64_t splits = 1;           // grid.y: tile ranges; backward sums them in a second, ordered pass
   int64_t tiles_per_split = 1;
@@ -107,12 +108,15 @@ RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
   if (c.tile_lanes > 1) choose_splits(c, vectors * c.tile_lanes, t.tiles(), 8 * c.tile_lanes, threads_for_half_wave());
   const int64_t per_lane = ceil_div<int64_t>(c.tiles_per_split, c.tile_lanes);
   c.unroll = per_lane <= 1 ? 1 : (per_lane <= 2 ? 2 : 4);
-  // A thread whose tiles all load in one step: 8-byte vectors instead of 16, twice the
-  // threads each half as wide, as Inductor's kernel for the same sum (large [16384, 4096]
-  // x (2, 1) float32 264.2 -> 260.6 us, bfloat16 133.3 -> 131.5; image and rows within
-  // +-0.5%). With more tiles a thread loops over them and 8 bytes lost (leading [1024,
-  // 1024] x (16, 1, 1) float32 23.7 -> 25.8 us), as with the tile lanes (bias bf16 25.4 -> 26.5).
-  if (c.tile_lanes == 1 && per_lane <= 4 && c.vec_bytes == 16) c.vec_bytes = 8;
+  // A thread whose tiles all load in one step takes their offsets from the host (no
+  // odometer between its loads: image [32, 64, 56, 56] x (1, 1, 2, 2) float32 43.4 ->
+  // 43.1 us, rows bf16 26.6 -> 26.4) and 8-byte vectors instead of 16, twice the threads
+  // each half as wide, as Inductor's kernel for the same sum (large [16384, 4096] x (2, 1)
+  // float32 264.2 -> 260.6 us, bfloat16 133.3 -> 131.5; image and rows within +-0.5%).
+  // With more tiles a thread loops over them and 8 bytes lost (leading [1024, 1024] x
+  // (16, 1, 1) float32 23.7 -> 25.8 us), as with the tile lanes (bias bf16 25.4 -> 26.5).
+  c.one_step = c.tile_lanes == 1 && per_lane <= 4;
+  if (c.one_step && c.vec_bytes == 16) c.vec_bytes = 8;
   // A dx within a third of L2 is stored plainly and stays there for its reader (the
   // grad lines, loaded evict-first, leave first): rows [8192, 1024] x (4, 1) bf16 (16 MB)
   // 29.0 -> 26.8 us, image bf16 (12.8 MB) 22.9 -> 19.5, cols float32 (8 MB) 49.5 -> 45.7.
@@ -133,7 +137,8 @@ std::string repeat_variant(const RepeatChoice& c) {
 
 std::string repeat_backward_variant(const RepeatChoice& c) {
   std::string v = "tile_sum<" + index_name(c) + ",lanes=" + std::to_string(c.tile_lanes) +
-                  ",unroll=" + std::to_string(c.unroll) + (c.evict_first_dx ? ",dx evict_first>" : ",dx in l2>");
+                  ",unroll=" + std::to_string(c.unroll) + (c.one_step ? ",one step" : "") +
+                  (c.evict_first_dx ? ",dx evict_first>" : ",dx in l2>");
   return c.splits == 1 ? v : v + "+split" + std::to_string(c.splits) + "_ordered_combine";
 }
 
@@ -154,9 +159,11 @@ struct TileWalker {
   IndexT out_stride[D];              // output elements per step of slot d
   IndexT step[D];                    // s_d * out_stride_d: one tile further along d
   IndexT wrap[D];                    // step_d * r_d: back to tile 0 along d
+  IndexT first_offsets[4];           // offset(k) of tiles 0..3; past the last tile, the last tile's
 
   explicit TileWalker(const TiledLayout& t) : first(D - t.ndim) {
     uint64_t in = 1, out = 1;
+    uint64_t reps[D];
     for (int d = D - 1; d >= 0; --d) {
       const bool used = d >= first;
       const uint64_t s = used ? std::max<int64_t>(t.size[d - first], 1) : 1;
@@ -168,8 +175,18 @@ struct TileWalker {
       out_stride[d] = static_cast<IndexT>(out);
       step[d] = static_cast<IndexT>(s * out);
       wrap[d] = static_cast<IndexT>(s * out * r);
+      reps[d] = r;
       in *= s;
       out *= s * r;
+    }
+    const uint64_t last = std::max<int64_t>(t.tiles(), 1) - 1;
+    for (uint64_t k = 0; k < 4; ++k) {
+      uint64_t rest = std::min(k, last), offset = 0;
+      for (int d = D - 1; d >= 1; --d) {
+        offset += rest % reps[d] * step[d];
+        rest /= reps[d];
+      }
+      first_offsets[k] = static_cast<IndexT>(offset + rest * step[0]);
     }
   }
 
@@ -365,7 +382,9 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 // ---------------------------------------------------------------------------
 // Backward: dx[c] = sum_{k in tiles, row-major over the repeat grid} grad[base(c) + offset(k)].
 // Block = (TX vector lanes) x (L tile lanes). Thread (tx, l) of split s sums, in
-// order, the l-th contiguous chunk of the split's tile range, U tiles per step;
+// order, the l-th contiguous chunk of the split's tile range, U tiles per step
+// (OneStep: all of a thread's tiles, at most U, no splits, no lanes, in one step at
+// offsets the host computed, TileWalker::first_offsets, instead of an odometer);
 // the L lane sums are added in lane order through shared memory. With one split
 // the block writes dx, otherwise an acc_t partial per split, which
 // repeat_combine_kernel, launched early, adds in split order. No atomics: bit-stable run to run.
@@ -377,7 +396,14 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 // float32 26.0 -> 23.9, rows bf16 29.4 -> 28.9); dx is written once, evict-first
 // when it is larger than a third of L2 (choose_repeat_backward).
 
-template <typename T, typename AccT, int V, int L, int D, int U, typename IndexT>
+template <typename T, typename AccT, int V>
+__device__ __forceinline__ void add_raw(AccT (&acc)[V], const cuda::RawVec<T, V>& raw) {
+  const auto v = cuda::from_raw<T, V>(raw);
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v.v[i]);
+}
+
+template <typename T, typename AccT, int V, int L, int D, int U, typename IndexT, bool OneStep>
 __global__ void __launch_bounds__(kThreads)
     repeat_tile_sum_kernel(const T* __restrict__ grad, T* __restrict__ dx, AccT* __restrict__ partials,
                            TileWalker<IndexT, D> w, IndexT num_vectors, IndexT tiles, IndexT tiles_per_split,
@@ -400,21 +426,28 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < V; ++i) acc[i] = AccT(0);
   if (active && k_begin < k_end) {
     const T* g = grad + w.base(c);
-    TileOdometer<IndexT, D> odo(w, k_begin);
-#pragma unroll 1
-    for (IndexT k = k_begin; k < k_end; k += U) {
+    if constexpr (OneStep) {
+      static_assert(L == 1, "one step: no tile lanes");
       cuda::RawVec<T, V> raw[U];
 #pragma unroll
+      for (int u = 0; u < U; ++u) raw[u] = cuda::load_raw_streaming<T, V>(g + w.first_offsets[u]);
+#pragma unroll
       for (int u = 0; u < U; ++u) {
-        raw[u] = cuda::load_raw_streaming<T, V>(g + odo.offset);
-        if (k + u + 1 < k_end) odo.advance(w);
+        if (u == 0 || u < k_end) add_raw<T, AccT, V>(acc, raw[u]);
       }
+    } else {
+      TileOdometer<IndexT, D> odo(w, k_begin);
+#pragma unroll 1
+      for (IndexT k = k_begin; k < k_end; k += U) {
+        cuda::RawVec<T, V> raw[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (u == 0 || k + u < k_end) {
-          const auto v = cuda::from_raw<T, V>(raw[u]);
+        for (int u = 0; u < U; ++u) {
+          raw[u] = cuda::load_raw_streaming<T, V>(g + odo.offset);
+          if (k + u + 1 < k_end) odo.advance(w);
+        }
 #pragma unroll
-          for (int i = 0; i < V; ++i) acc[i] += static_cast<AccT>(v.v[i]);
+        for (int u = 0; u < U; ++u) {
+          if (u == 0 || k + u < k_end) add_raw<T, AccT, V>(acc, raw[u]);
         }
       }
     }
@@ -488,19 +521,20 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
   with_dims(t, [&](auto dims) {
     constexpr int D = decltype(dims)::value;
     const TileWalker<IndexT, D> w(t);
-    // Tile lanes only with >= 8 tiles per lane (choose_repeat_backward): U = 4.
+    // Past one step (more than 4 tiles a thread, or tile lanes) U = 4 (choose_repeat_backward).
+    const auto run = [&](auto kernel) {
+      kernel<<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
+    };
     if (c.tile_lanes == kTileLanes) {
-      repeat_tile_sum_kernel<T, AccT, V, kTileLanes, D, 4, IndexT>
-          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
+      run(repeat_tile_sum_kernel<T, AccT, V, kTileLanes, D, 4, IndexT, false>);
+    } else if (!c.one_step) {
+      run(repeat_tile_sum_kernel<T, AccT, V, 1, D, 4, IndexT, false>);
     } else if (c.unroll == 4) {
-      repeat_tile_sum_kernel<T, AccT, V, 1, D, 4, IndexT>
-          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
+      run(repeat_tile_sum_kernel<T, AccT, V, 1, D, 4, IndexT, true>);
     } else if (c.unroll == 2) {
-      repeat_tile_sum_kernel<T, AccT, V, 1, D, 2, IndexT>
-          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
+      run(repeat_tile_sum_kernel<T, AccT, V, 1, D, 2, IndexT, true>);
     } else {
-      repeat_tile_sum_kernel<T, AccT, V, 1, D, 1, IndexT>
-          <<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
+      run(repeat_tile_sum_kernel<T, AccT, V, 1, D, 1, IndexT, true>);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
