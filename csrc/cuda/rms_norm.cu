@@ -237,30 +237,29 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     if (dw_by_columns(M, N, dw_elem)) c.dw_columns = ceil_div<int64_t>(nv, kDwColumnVectors);
     return c;
   }
-  // Row groups (CTAs or clusters) in flight: what the device runs at once, and in
-  // the backward at most half the threads an SM can hold (enough loads in flight,
-  // fewer dW partial rows to write and sum). A grid larger than what runs at once
-  // leaves a tail wave; with clusters that can halve the speed.
+  const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
+  // Forward rows of one CTA: a CTA per row group (the kernel's grid-stride loop
+  // only past 2^31 - 1 CTAs), as Triton's kernels run; against the grid of 16
+  // waves that walked the rest by grid-stride, same build, one process: float32
+  // 1.0-2.4% faster at N = 1024 to 16384 over three runs ([65536, 2048] 363.5 ->
+  // 358.6 us, [26214, 5120] 363.0 -> 355.9), bf16 0.2-1.3%.
+  if (!backward && c.cluster == 1 && !c.looped) {
+    c.clusters = std::min<int64_t>(row_groups, std::numeric_limits<int32_t>::max());
+    return c;
+  }
+  // Otherwise row groups (CTAs or clusters) in flight: what the device runs at once,
+  // and in the backward at most half the threads an SM can hold (enough loads in
+  // flight, fewer dW partial rows to write and sum). A grid larger than what runs
+  // at once leaves a tail wave; with clusters that can halve the speed. Backward:
+  // one wave, each row group accumulating dW for the rows it visits. Forward
+  // cluster rows and the two-pass kernel: up to 16 waves, the rest by grid-stride
+  // (a cluster per row group was slower, float32 [2048, 65536] 371.5 -> 377.3 us).
   int64_t resident = resident_row_groups(c, dtype, backward);
   if (backward) {
     const int64_t per_sm = std::clamp<int64_t>(1024 / c.block, 1, 32);
     resident = std::min(resident, std::max<int64_t>(1, int64_t(cuda::num_sms()) * per_sm / c.cluster));
   }
-  const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
-  // Backward: one wave, each row group accumulating dW for the rows it visits.
-  // Forward rows of one CTA: a CTA per row group (the kernel's grid-stride loop
-  // only past 2^31 - 1 CTAs), as Triton's kernels run; against the grid of 16
-  // waves that walked the rest by grid-stride, same build, one process: float32
-  // 1.0-2.4% faster at N = 1024 to 16384 over three runs ([65536, 2048] 363.5 ->
-  // 358.6 us, [26214, 5120] 363.0 -> 355.9), bf16 0.2-1.3%. Cluster rows and the
-  // two-pass kernel (not measured so) keep up to 16 waves, the rest by grid-stride.
-  if (backward) {
-    c.clusters = std::min(row_groups, resident);
-  } else if (c.cluster == 1 && !c.looped) {
-    c.clusters = std::min<int64_t>(row_groups, std::numeric_limits<int32_t>::max());
-  } else {
-    c.clusters = std::min(row_groups, 16 * resident);
-  }
+  c.clusters = std::min(row_groups, backward ? resident : 16 * resident);
   return c;
 }
 
