@@ -96,6 +96,23 @@ def test_inplace_equals_functional(device, dtype):
         torch.testing.assert_close(scores, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_forward_and_inplace_match_reference(device, dtype):
+    # 10.5M elements, not a whole number of CTAs: on a GPU the forward takes one
+    # vector a thread here (more than half the GPU's threads at 4), 4 at the SHAPES.
+    shape = (3, 5, 700, 1000)
+    scores = random(shape, dtype, device)
+    slopes = _slopes(5, torch.float32, device)
+    expected = reference(scores, slopes).to(dtype)
+    y = baracuda_ops.alibi(scores, slopes)
+    assert_close(y, expected)
+    baracuda_ops.alibi_(scores, slopes)
+    torch.testing.assert_close(scores, y, rtol=0, atol=0)
+    if device.type == "cuda":
+        plan = baracuda_ops.AlibiPlan.select(baracuda_ops.AlibiDescriptor(shape, dtype, torch.float32, device))
+        assert plan.sku().variant == "bias_stream<16B,i32,vpt=1>"
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("same_slopes_dtype", [False, True])
@@ -274,7 +291,7 @@ def test_plan_run_writes_every_element(device, dtype):
     torch.testing.assert_close(out, baracuda_ops.alibi(scores, slopes), rtol=0, atol=0)
     sku = plan.sku()
     assert sku.op == "alibi" and sku.device_type == device.type
-    assert sku.variant == ("bias_stream<16B,i32>" if device.type == "cuda" else "cpu_row_bias")
+    assert sku.variant == ("bias_stream<16B,i32,vpt=4>" if device.type == "cuda" else "cpu_row_bias")
     assert plan.workspace_size() == 0
     assert plan.precision_guarantee().deterministic
 

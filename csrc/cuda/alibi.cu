@@ -26,7 +26,7 @@ using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // vectors whose loads a thread issues together
+constexpr int kUnroll = 4;  // backward: vectors whose loads a thread issues together
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of the problem, used by the launchers and
@@ -37,11 +37,27 @@ struct AlibiChoice {
   bool index32;         // 32-bit index math (fast division) when the tensor has < 2^31 elements
   int segments_log2 = 0;  // backward: each row is cut into 2^segments_log2 segments (one warp each)
   int64_t chunks = 1;   // backward: blocks per head; > 1 adds the ordered combine of the partials
+  int vectors_per_thread = 1;  // forward: 4 or 1 (choose_alibi_forward)
 };
 
 AlibiChoice choose_alibi(const AlibiShape& s, int64_t elem_bytes) {
   const bool vec = (s.keys * elem_bytes) % 16 == 0;
   return {vec ? 16 : static_cast<int>(elem_bytes), s.numel() < (int64_t(1) << 31)};
+}
+
+// Forward: a tensor that takes at most half the GPU's threads (2048 an SM) at 4
+// vectors a thread runs so, one wave of CTAs that issue all their loads at once;
+// a larger one takes 1 vector a thread, short CTAs whose reads and writes overlap
+// those of the CTAs before and after them. Same build, one process, H100, us (4 ->
+// 1 vector a thread): [8, 32, 1024, 1024] float32 716.6 -> 710.8, bf16 357.5 ->
+// 355.3, [2, 32, 4096, 4096] float32 2879.5 -> 2854.0; decode [64, 16, 1, 4096]
+// float32 (a full wave at 4) 10.15 -> 9.79, bf16 (half a wave) 5.77 -> 5.99: the
+// bound lies between those two.
+AlibiChoice choose_alibi_forward(const AlibiShape& s, int64_t elem_bytes) {
+  AlibiChoice c = choose_alibi(s, elem_bytes);
+  const int64_t vectors = s.numel() * elem_bytes / c.vec_bytes;
+  c.vectors_per_thread = vectors <= int64_t(cuda::num_sms()) * 2048 / 2 * 4 ? 4 : 1;
+  return c;
 }
 
 // Backward work items are (row, segment) pairs, one warp each. Rows are cut
@@ -67,7 +83,8 @@ AlibiChoice choose_alibi_backward(const AlibiShape& s, int64_t elem_bytes) {
 }
 
 std::string alibi_variant(const AlibiChoice& c) {
-  return "bias_stream<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") + ">";
+  return "bias_stream<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") +
+         ",vpt=" + std::to_string(c.vectors_per_thread) + ">";
 }
 
 std::string alibi_backward_variant(const AlibiChoice& c) {
@@ -89,26 +106,26 @@ using DiffT = std::conditional_t<sizeof(IndexT) == 4, int32_t, int64_t>;
 
 // ---------------------------------------------------------------------------
 // Forward: y[e] = x[e] + slopes[h] * (j - i), computed in AccT and rounded once
-// to T. Block b owns the kThreads * kUnroll vectors from b * kThreads * kUnroll
-// (no grid-stride loop): thread t loads its vectors t, t + kThreads, ... first,
-// then computes and stores them. Each vector of V elements lies in one row
+// to T. Block b owns the kThreads * Vpt vectors from b * kThreads * Vpt (no
+// grid-stride loop): thread t loads its vectors t, t + kThreads, ... first, then
+// computes and stores them. Each vector of V elements lies in one row
 // because K is a multiple of V. Streaming cache hints: every element is read
 // once and written once. x may equal y (the in-place op): each element is read
 // and then written by the same thread only.
 
-template <typename T, typename S, typename AccT, int V, typename IndexT>
+template <typename T, typename S, typename AccT, int V, typename IndexT, int Vpt>
 __global__ void __launch_bounds__(kThreads)
     alibi_forward_kernel(const T* x, const S* __restrict__ slopes, T* y, IndexT num_vectors,
                          IntDivider<IndexT> keys, IntDivider<IndexT> queries, IntDivider<IndexT> heads) {
-  const IndexT first = IndexT(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
-  cuda::Vec<T, V> v[kUnroll];
+  const IndexT first = IndexT(blockIdx.x) * (kThreads * Vpt) + threadIdx.x;
+  cuda::Vec<T, V> v[Vpt];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < Vpt; ++u) {
     const IndexT q = first + u * kThreads;
     if (q < num_vectors) v[u] = cuda::load_vec_streaming<T, V>(x + q * V);
   }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < Vpt; ++u) {
     const IndexT q = first + u * kThreads;
     if (q < num_vectors) {
       const auto jr = keys.divmod(q * V);
@@ -124,12 +141,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, typename S, typename AccT, int V, typename IndexT>
-void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s) {
+void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s, int vectors_per_thread) {
   const IndexT num_vectors = static_cast<IndexT>(s.numel() / V);
-  const int64_t blocks = ceil_div<int64_t>(num_vectors, kThreads * kUnroll);
+  const int64_t blocks = ceil_div<int64_t>(num_vectors, kThreads * vectors_per_thread);
   TORCH_CHECK_NOT_IMPLEMENTED(blocks <= std::numeric_limits<int32_t>::max(), kAlibiOp, ": ", s.numel(),
                               " elements need more than 2^31 - 1 blocks");
-  alibi_forward_kernel<T, S, AccT, V, IndexT><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  auto* kernel = vectors_per_thread == 4 ? alibi_forward_kernel<T, S, AccT, V, IndexT, 4>
+                                         : alibi_forward_kernel<T, S, AccT, V, IndexT, 1>;
+  kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       x, slopes, y, num_vectors, IntDivider<IndexT>(static_cast<IndexT>(s.keys)),
       IntDivider<IndexT>(static_cast<IndexT>(s.queries)), IntDivider<IndexT>(static_cast<IndexT>(s.heads)));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -138,7 +157,7 @@ void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s
 // x and y contiguous [B, H, Q, K], 16-byte aligned; slopes contiguous [H]; numel > 0.
 void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at::Tensor& y) {
   const auto s = alibi_shape(x);
-  const auto c = choose_alibi(s, x.element_size());
+  const auto c = choose_alibi_forward(s, x.element_size());
   BARACUDA_DISPATCH_FLOATING(x.scalar_type(), "alibi_cuda", [&] {
     with_slope_type<scalar_t>(slopes, [&](auto* tag) {
       using slope_t = std::remove_pointer_t<decltype(tag)>;
@@ -148,11 +167,11 @@ void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at:
       auto* yp = y.mutable_data_ptr<scalar_t>();
       const bool vec = c.vec_bytes == 16;
       if (c.index32) {
-        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint32_t>(xp, sp, yp, s)
-            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint32_t>(xp, sp, yp, s);
+        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint32_t>(xp, sp, yp, s, c.vectors_per_thread)
+            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint32_t>(xp, sp, yp, s, c.vectors_per_thread);
       } else {
-        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint64_t>(xp, sp, yp, s)
-            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint64_t>(xp, sp, yp, s);
+        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint64_t>(xp, sp, yp, s, c.vectors_per_thread)
+            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint64_t>(xp, sp, yp, s, c.vectors_per_thread);
       }
     });
   });
@@ -194,7 +213,8 @@ void alibi_inplace_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
 // (each of K/V vectors, cut into 2^L segments). Block (h, c) takes chunk c of
 // that list; its warp w takes items begin + w, begin + w + 8, ...: the row's
 // base and i come from one division per item, and the lanes stride the
-// segment's vectors, kUnroll loads in flight, accumulating in order in AccT.
+// segment's vectors, kUnroll streaming loads in flight (grad is read once),
+// accumulating in order in AccT.
 // The block then adds the thread sums with the fixed-order block_sum. With one
 // chunk the block writes grad_slopes[h]; otherwise it writes partials[h][c],
 // and alibi_slope_combine_kernel, launched early, adds those in chunk order. No
@@ -223,7 +243,7 @@ __global__ void __launch_bounds__(kThreads)
       cuda::Vec<T, V> v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (first + 32 * u < v_end) v[u] = cuda::load_vec<T, V>(row + (first + 32 * u) * V);
+        if (first + 32 * u < v_end) v[u] = cuda::load_vec_streaming<T, V>(row + (first + 32 * u) * V);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -347,7 +367,7 @@ std::tuple<at::Tensor, at::Tensor> alibi_backward_cuda(const at::Tensor& grad, c
 // problem = [B, H, Q, K]
 KernelChoice alibi_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   const auto s = alibi_shape_of_problem(kAlibiOp, problem);
-  return {alibi_variant(choose_alibi(s, c10::elementSize(dtype))), 0};
+  return {alibi_variant(choose_alibi_forward(s, c10::elementSize(dtype))), 0};
 }
 
 KernelChoice alibi_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
