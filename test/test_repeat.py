@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from expecttest import TestCase
@@ -287,6 +289,22 @@ def test_cuda_backward_one_step_sums_take_8_byte_vectors(dtype):
         ref = g.double().reshape([d for r, s in zip(repeats, shape) for d in (r, s)]).sum((0, 2, 4)[:len(shape)])
         torch.testing.assert_close(torch.ops.baracuda.repeat_backward(g, list(repeats), list(shape)).double(),
                                    ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_forward_gathers_many_tiles_past_l2(dtype):
+    # Rows of >= 128 bytes are broadcast, unless 16 tiles or more make an output larger
+    # than L2: then gathered, as narrow rows are; both copy alike.
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    cases = (((4096,), (8192, 1)), ((1024, 1024), (16, 1, 1)), ((8192, 1024), (4, 1)), ((64, 64), (16, 1)))
+    for shape, repeats in cases:
+        out_bytes = math.prod(shape) * math.prod(repeats) * dtype.itemsize
+        gathered = math.prod(repeats) >= 16 and out_bytes > l2
+        plan = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor(shape, repeats, dtype, "cuda"))
+        assert plan.sku().variant.startswith("tile_gather<" if gathered else "tile_broadcast<"), (shape, repeats)
+        x = random(shape, dtype, "cuda")
+        assert torch.equal(torch.ops.baracuda.repeat(x, list(repeats)), x.repeat(*repeats))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
