@@ -161,6 +161,9 @@ std::string repeat_backward_variant(const RepeatChoice& c) {
 // compile-time indices (registers and kernel parameters, never local memory),
 // and unused slots cost nothing.
 template <typename IndexT, int D>
+struct TileOdometer;
+
+template <typename IndexT, int D>
 struct TileWalker {
   int first;                       // D - ndim: the first used slot
   IntDivider<IndexT> in_extent[D];   // s_d
@@ -174,7 +177,6 @@ struct TileWalker {
 
   explicit TileWalker(const TiledLayout& t) : first(D - t.ndim) {
     uint64_t in = 1, out = 1;
-    uint64_t reps[D];
     for (int d = D - 1; d >= 0; --d) {
       const bool used = d >= first;
       const uint64_t s = used ? std::max<int64_t>(t.size[d - first], 1) : 1;
@@ -186,19 +188,11 @@ struct TileWalker {
       out_stride[d] = static_cast<IndexT>(out);
       step[d] = static_cast<IndexT>(s * out);
       wrap[d] = static_cast<IndexT>(s * out * r);
-      reps[d] = r;
       in *= s;
       out *= s * r;
     }
-    const uint64_t last = std::max<int64_t>(t.tiles(), 1) - 1;
-    for (uint64_t k = 0; k < 4; ++k) {
-      uint64_t rest = std::min(k, last), offset = 0;
-      for (int d = D - 1; d >= 1; --d) {
-        offset += rest % reps[d] * step[d];
-        rest /= reps[d];
-      }
-      first_offsets[k] = static_cast<IndexT>(offset + rest * step[0]);
-    }
+    const auto last = static_cast<IndexT>(std::max<int64_t>(t.tiles(), 1) - 1);
+    for (IndexT k = 0; k < 4; ++k) first_offsets[k] = TileOdometer<IndexT, D>(*this, std::min(k, last)).offset;
   }
 
   // Output offset of input element c in tile 0. Slot 0 takes what is left of c
@@ -239,7 +233,7 @@ struct TileOdometer {
   IndexT digit[D];
   IndexT offset = 0;
 
-  __device__ __forceinline__ TileOdometer(const TileWalker<IndexT, D>& w, IndexT k) {
+  C10_HOST_DEVICE TileOdometer(const TileWalker<IndexT, D>& w, IndexT k) {
 #pragma unroll
     for (int d = D - 1; d >= 1; --d) {
       const auto q = w.repeat[d].divmod(k);

@@ -1080,7 +1080,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // float32 weight with a half input), the most that fit (cluster rows: of all but
 // the last); either way only while as
 // many CTAs (or clusters) stay resident as without. A forward CTA of one-CTA rows
-// now takes a single row group; staging is kept there: it issues the weight's
+// takes a single row group; staging is kept there: it issues the weight's
 // loads before the row sum, the unstaged path after it (against none, same build:
 // float32 [16384, 8192] and [8192, 16384] 0.7-0.9% faster, N = 1024 and 2048
 // 0.3-0.4% slower). (The forward's 32-byte vectors
