@@ -164,13 +164,14 @@ def test_backward_single_row(device, n, dtype):
 
 
 @pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 65536), (torch.bfloat16, torch.float32, 65536),
-                                         (torch.bfloat16, torch.float32, 32768), (torch.float32, torch.float32, 32768)])
+                                         (torch.bfloat16, torch.float32, 32768), (torch.float32, torch.float32, 32768),
+                                         (torch.float16, torch.float32, 40000), (torch.float16, torch.float16, 40000)])
 def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     # Rows that need a thread-block cluster, several per cluster (the slot parity
     # across cluster barriers, dW accumulated over a cluster's rows, added while
-    # waiting at the barrier). A float32 weight with a bfloat16 input: in the
-    # backward 3 of a thread's 4 weight vectors are staged in shared memory beside
-    # the dW slots, the 4th held in registers.
+    # waiting at the barrier). A float32 weight with a half input: the backward's
+    # streamed kernel (x and dy staged by bulk copies, three rows in turn through
+    # its stages; at N = 40000 its CTAs' last chunks are partly past the row).
     if device.type != "cuda":
         pytest.skip("cluster kernels: CUDA only (the CPU path is covered by the row sweep)")
     x = random((300, n), dtype, device)
@@ -190,6 +191,9 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
                                                                                           device=device))
     if torch.cuda.get_device_capability()[0] >= 9:
         assert plan.sku().variant.startswith("cluster_row<")
+        streamed = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
+            (300, n), (n,), dtype, weight_dtype=wdt, device=device)).sku().variant
+        assert ("rows staged by bulk copies" in streamed) == (wdt == torch.float32 and dtype != torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -481,6 +485,13 @@ def test_cuda_variants_follow_row_length():
         assert plan.sku().variant.startswith("cluster_row<4x512,16B,2 ctas/sm>")
         partial_rows = plan.workspace_size() // (65536 * 4)
         assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 2
+        # With a float32 weight (dW) on a half input: one CTA per SM, x and dy staged
+        # by bulk copies, so at most num_sms / 4 clusters of 4.
+        plan = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
+            (2048, 65536), (65536,), torch.bfloat16, weight_dtype=torch.float32, device="cuda"))
+        assert plan.sku().variant.startswith("cluster_row<4x512,16B,3 rows staged by bulk copies>+ordered_dw_sum<")
+        partial_rows = plan.workspace_size() // (65536 * 4)
+        assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 4
     assert variant(2**20, torch.float32).startswith("two_pass_row<512,16B>")
     assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
     one_row = baracuda_ops.RMSNormBackwardPlan.select(

@@ -15,7 +15,9 @@
 //   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
-// their dW sums while they wait at the row's cluster barrier. The
+// their dW sums while they wait at the row's cluster barrier; with a float32 weight
+// on a half input, one CTA per SM instead, x and dy staged in shared memory by
+// bulk copies and consecutive rows overlapped (rms_norm_bwd_streamed_kernel). The
 // register launches (not the cluster-spread ones) copy each thread's weight vectors
 // into shared memory once and read them there (forward: once per row, backward:
 // twice) instead of from L2, where they keep as many CTAs per SM: all of a
@@ -70,6 +72,7 @@ constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
 constexpr int kReduceCols = 32;      // dW sum: columns per CTA
 constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vectors each, one a lane
 constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
+constexpr int kStreamStages = 3;     // streamed cluster-row backward: rows of x and dy in shared memory
 
 // ---------------------------------------------------------------------------
 // Choice of kernel: a pure function of (M, N, dtype, device), used by the
@@ -89,6 +92,7 @@ struct RmsChoice {
                          // 1 for backward rows spread over a cluster; 2 * kVpt for forward clusters
   bool decode_rows = false;  // no more rows than SMs, a CTA each (the decode kernels)
   int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
+  int stages = 0;        // backward cluster rows streamed through shared memory: rows in flight (else 0)
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t dw_columns = 0;  // backward decode rows (M > 1): CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
@@ -223,7 +227,25 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
     c.cluster = kMaxCluster;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, kMaxCluster), 32) * 32);
   }
-  if (dw && !c.looped && !c.decode_rows && c.vpt == kVpt) {
+  // Backward cluster rows of a half input with a float32 dW (a float32 weight):
+  // rms_norm_bwd_streamed_kernel, one CTA per SM, x and dy staged by bulk copies
+  // (its stages: kStreamStages rows of the CTA's 16-byte vectors of x and dy).
+  // Same build, one process (H100, us): [2048, 65536] bf16 with a float32 weight
+  // 333.9 -> 325.0, [4096, 32768] 315.0 -> 307.6. For the other dtypes it was
+  // slower than two register CTAs per SM ([2048, 65536] bf16 309 -> 325, float32
+  // 578 -> 614, [4096, 32768] float32 568 -> 607): with 16 warps an SM its block
+  // and cluster barriers stall the whole SM, where the weight's 32-byte vectors
+  // had cost the register kernel more (staged in part, see staged_weight).
+  if (backward && !c.looped && !c.decode_rows && c.cluster > 1 && c.vpt == kVpt && c.vec * elem == 16 &&
+      elem == 2 && dw_elem == 4) {
+    const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
+    if (smem + 1024 <= max_smem_optin()) {
+      c.stages = kStreamStages;
+      c.ctas_per_sm = 1;
+      c.smem = smem;
+    }
+  }
+  if (dw && !c.looped && !c.decode_rows && c.vpt == kVpt && c.stages == 0) {
     c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
     if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
       c.looped = true;
@@ -283,7 +305,9 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     const std::string spread = c.vpt == kVpt && !c.decode_rows ? ""
                                : c.vpt == 1  ? ",1 vector/thread"
                                              : "," + std::to_string(c.vpt) + " vectors/thread";
-    const std::string per_sm = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm" : "";
+    const std::string per_sm = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm"
+                               : c.stages > 0    ? "," + std::to_string(c.stages) + " rows staged by bulk copies"
+                                                 : "";
     v = c.decode_rows       ? "decode_row<" + std::to_string(c.block) + "," + vec + spread + ">"
         : c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + per_sm + ">"
                        : "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec +
@@ -866,6 +890,183 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 }
 
 // ---------------------------------------------------------------------------
+// Backward of rows that need a cluster, streamed (sm_90; choose_rms takes it for a
+// float32 weight with a half input): the same sums as
+// rms_norm_bwd_kernel, in the same order (the same dx bits), with x and dy
+// brought into shared memory by bulk copies (cp.async.bulk) rows ahead, and the
+// rows overlapped: while the cluster's sum of row i is in flight (between
+// arriving at its cluster barrier and waiting there), the CTA computes the
+// partial sum and dW terms of row i + 1, and after publishing that, row i's dx.
+// One CTA per SM (kStreamStages rows of x and dy take the shared memory): a CTA's
+// slice of a row is chunk j < Vpt of `group` vectors at j * row_threads + rank *
+// group, copied to j * group of the stage; thread t takes vector j * group + t
+// of each chunk. Per row (g_i = dy_i * w_i):
+//   s = sum_i g_i * x_i;  dx_i = T(rstd * g_i - x_i * rstd^3 * s / N)
+//   dW: acc[i] += dy_i * x_i * rstd in registers, rows in order; at the end the
+//   thread's sums go to partials[p][col] (p = the cluster), or to dW itself when
+//   a single cluster runs (dw_direct), as in rms_norm_bwd_kernel.
+// Stage i % kStreamStages holds row i from its partial sum to its dx; it is
+// refilled (with row i + kStreamStages) after the next block sum's barrier, which
+// every thread reaches after row i's dx. The weight is held in registers as loaded.
+template <typename T, typename W, typename AccT, int V>
+__global__ void __launch_bounds__(kBwdMaxThreads, 1)
+    rms_norm_bwd_streamed_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
+                                 const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
+                                 W* __restrict__ dw_direct, int64_t M, int N, int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int Vpt = kVpt;
+  constexpr int kStages = kStreamStages;
+  using Raw = cuda::RawVec<T, V>;
+  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
+  extern __shared__ __align__(16) unsigned char rms_smem[];
+  __shared__ cuda::BlockSumScratch<AccT> scratch[2];  // by row parity: one barrier a block sum
+  __shared__ AccT slots[2];
+  __shared__ uint64_t full[kStages];
+  cg::cluster_group cl = cg::this_cluster();
+  const int group = blockDim.x;
+  const RowLayout L(group, cluster);
+  const int nv = N / V;
+  const int stage_vectors = Vpt * group;  // per tensor
+  const auto stage_x = [&](int64_t i) {
+    return reinterpret_cast<Raw*>(rms_smem) + (i % kStages) * 2 * stage_vectors;
+  };
+  const auto stage_dy = [&](int64_t i) { return stage_x(i) + stage_vectors; };
+  const auto row_of = [&](int64_t i) { return L.first + i * L.step; };
+  const int64_t rows = L.first < M ? (M - 1 - L.first) / L.step + 1 : 0;  // this cluster's
+  // Chunk j of this CTA: `count` vectors from global vector `first`.
+  const auto chunk_first = [&](int j) { return j * L.row_threads + L.rank * group; };
+  const auto chunk_count = [&](int j) { return std::clamp(nv - chunk_first(j), 0, group); };
+  const auto fetch = [&](int64_t i) {  // thread 0: row i of this cluster into its stage
+    uint64_t* bar = &full[i % kStages];
+    uint32_t bytes = 0;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) bytes += 2u * chunk_count(j) * sizeof(Raw);
+    cuda::mbarrier_expect_bytes(bar, bytes);
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int count = chunk_count(j);
+      if (count == 0) continue;
+      const int64_t from = row_of(i) * N + int64_t(chunk_first(j)) * V;
+      cuda::bulk_copy_to_shared(stage_x(i) + j * group, x + from, count * sizeof(Raw), bar);
+      cuda::bulk_copy_to_shared(stage_dy(i) + j * group, dy + from, count * sizeof(Raw), bar);
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) cuda::mbarrier_init(&full[s], 1);
+    cuda::fence_barrier_init();
+    for (int64_t i = 0; i < kStages && i < rows; ++i) fetch(i);
+  }
+  __syncthreads();
+  RawWeight<W, V> wv[Vpt];
+  AccT dw[Vpt * V] = {};
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * L.row_threads + L.u;
+#pragma unroll
+    for (int c = 0; c < V / RawWeight<W, V>::kChunk; ++c) {
+      constexpr int kChunk = RawWeight<W, V>::kChunk;
+      if (w == nullptr || q >= nv) {
+        cuda::Vec<W, kChunk> one;
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) one.v[e] = W(1);
+        memcpy(&wv[j].chunk[c], &one, sizeof(one));
+      } else {
+        wv[j].chunk[c] = cuda::load_raw<W, kChunk>(w + int64_t(q) * V + c * kChunk);
+      }
+    }
+  }
+  const bool want_dw = partials != nullptr || dw_direct != nullptr;
+  const auto mine = [&](int j) { return j * L.row_threads + L.u < nv; };
+  // Row i's partial sum of g * w * x (waiting for its stage), its dW terms added.
+  const auto partial_sum = [&](int64_t i, AccT r) {
+    cuda::mbarrier_wait(&full[i % kStages], static_cast<uint32_t>((i / kStages) & 1));
+    AccT sum = 0;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (!mine(j)) continue;
+      const Raw xv = stage_x(i)[j * group + threadIdx.x], gv = stage_dy(i)[j * group + threadIdx.x];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const AccT xe = cuda::raw_elem<AccT, T, V>(xv, e), ge = cuda::raw_elem<AccT, T, V>(gv, e);
+        sum += ge * wv[j].template at<AccT>(e) * xe;
+        if (want_dw) dw[j * V + e] += ge * xe * r;
+      }
+    }
+    return sum;
+  };
+  // The CTA's sum of row i into its cluster slot, and arrive at the row's barrier.
+  const auto publish = [&](int64_t i, AccT part) {
+    const AccT v = cuda::block_sum_once(part, scratch[i & 1]);
+    if (threadIdx.x == 0) slots[i & 1] = v;
+    cl.barrier_arrive();
+  };
+  const auto collect = [&](int64_t i) {
+    cl.barrier_wait();
+    AccT total = 0;
+    for (int rank = 0; rank < cluster; ++rank) total += *cl.map_shared_rank(slots + (i & 1), rank);
+    return total;
+  };
+  const auto write_dx = [&](int64_t i, AccT r, AccT s) {
+    const AccT k = r * r * r * s / static_cast<AccT>(N);
+    const int64_t row = row_of(i);
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (!mine(j)) continue;
+      const Raw xv = stage_x(i)[j * group + threadIdx.x], gv = stage_dy(i)[j * group + threadIdx.x];
+      cuda::Vec<T, V> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out.v[e] = static_cast<T>(r * cuda::raw_elem<AccT, T, V>(gv, e) * wv[j].template at<AccT>(e) -
+                                  cuda::raw_elem<AccT, T, V>(xv, e) * k);
+      }
+      cuda::store_vec<T, V>(dx + row * N + int64_t(j * L.row_threads + L.u) * V, out);
+    }
+  };
+  if (rows > 0) {
+    AccT r = rstd[row_of(0)];
+    AccT r_next = rows > 1 ? rstd[row_of(1)] : AccT(0);
+    publish(0, partial_sum(0, r));
+    for (int64_t i = 0; i < rows; ++i) {
+      const bool more = i + 1 < rows;
+      const AccT r_after = i + 2 < rows ? rstd[row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
+      AccT part_next = 0;
+      if (more) part_next = partial_sum(i + 1, r_next);
+      const AccT s = collect(i);
+      if (more) {
+        publish(i + 1, part_next);
+        // Past the block sum's barrier every thread has written row i - 1's dx.
+        if (threadIdx.x == 0 && i >= 1 && i - 1 + kStages < rows) {
+          cuda::fence_shared_for_bulk_copy();
+          fetch(i - 1 + kStages);
+        }
+      }
+      if (dx != nullptr) write_dx(i, r, s);
+      r = r_next;
+      r_next = r_after;
+    }
+  }
+  if (want_dw) {
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (q >= nv) continue;
+      AccT sums[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) sums[e] = dw[j * V + e];
+      if (dw_direct == nullptr) {
+        store_row_slice<AccT, V>(partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V, sums);
+      } else {
+        store_dw_slice<W, V>(dw_direct, int64_t(q) * V, sums);
+      }
+    }
+  }
+  cl.sync();  // no CTA leaves while another still reads its slots
+#else
+  __trap();  // clusters and bulk copies: chosen only on sm_90 and newer
+#endif
+}
+
+// ---------------------------------------------------------------------------
 // dW of decode rows by columns (dw_by_columns), in the CTAs after the M row CTAs:
 // CTA c takes kDwColumnVectors = 32 column vectors, lane = vector; warp s of S adds
 // rows s, s + S, ... in order, then warp 0 adds the S sums in order (shared memory):
@@ -1159,6 +1360,17 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
   });
 }
 
+// Calls fn(kernel) with the streamed cluster-row backward kernel (instantiated for
+// 16-byte vectors, which the bulk copies need, as choose_rms picks it).
+template <typename T, typename W, typename AccT, int V, typename Fn>
+void with_bwd_streamed_kernel(const RmsChoice& c, Fn&& fn) {
+  if constexpr (V * sizeof(T) == 16) {
+    fn(rms_norm_bwd_streamed_kernel<T, W, AccT, V>);
+  } else {
+    TORCH_CHECK(false, "rms_norm_backward: no streamed kernel for vectors of ", V * sizeof(T), " bytes");
+  }
+}
+
 // Calls fn(kernel) with the decode forward kernel of the choice's vectors per thread
 // (1, 2, 4 or 8, up to fwd_decode_max_vpt; 16-byte vectors, as choose_rms picks decode rows).
 template <typename T, typename W, typename AccT, int V, typename Fn>
@@ -1208,7 +1420,10 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
           n = backward ? cuda::resident_groups(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0)
                        : cuda::resident_groups(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0);
         } else {
-          if (backward) {
+          if (backward && c.stages > 0) {
+            with_bwd_streamed_kernel<scalar_t, W, acc_t, V>(
+                c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
+          } else if (backward) {
             with_bwd_kernel<scalar_t, W, acc_t, V>(
                 c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
           } else {
@@ -1344,6 +1559,13 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
             cuda::launch(kernel, {.grid = dim3(c.clusters + c.dw_columns), .block = dim3(c.block), .smem = col_smem},
                          gp, xp, rp, wp, dxp, dwp, static_cast<int>(rows.M), static_cast<int>(rows.N),
                          inverse_row_length<acc_t>(rows.N));
+          });
+        } else if (c.stages > 0) {
+          with_bwd_streamed_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
+            cuda::launch(kernel,
+                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
+                          .smem = c.smem},
+                         gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.cluster);
           });
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {

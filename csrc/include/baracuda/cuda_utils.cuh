@@ -328,6 +328,82 @@ __device__ __forceinline__ void start_next_grid() {
 #endif
 }
 
+// Bulk copies from global into shared memory by the copy engine of the SM (sm_90
+// cp.async.bulk), completed on an mbarrier in the CTA's shared memory: the barrier
+// is initialized for one arrival (mbarrier_init, then fence_barrier_init and a
+// CTA barrier before any use); per phase one thread arrives announcing the bytes
+// to come (mbarrier_expect_bytes) and issues the copies (bulk_copy_to_shared:
+// 16-byte aligned addresses, a multiple of 16 bytes); the phase completes when all
+// have landed, and mbarrier_wait(bar, parity) returns once the phase of that parity
+// (0 for the barrier's first phase, then 1, 0, ...) has completed. Device code of
+// sm_90 and newer only (elsewhere they trap).
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Makes the initialized barriers visible to the copy engine and to the cluster.
+__device__ __forceinline__ void fence_barrier_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  __trap();
+#endif
+}
+
+// Orders this thread's earlier accesses of shared memory (after a CTA barrier: the
+// CTA's) before the copy engine's next writes there (a buffer read, then refilled).
+__device__ __forceinline__ void fence_shared_for_bulk_copy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 // v[0] + ... + v[K-1] as a balanced tree of pairs, ((v0 + v1) + (v2 + v3)) + ...:
 // a fixed order with log2(K) dependent adds instead of K, for a thread's sum of
 // terms that are all at hand (rms_norm's decode kernels: the last load's arrival
