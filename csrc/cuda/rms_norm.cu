@@ -466,6 +466,30 @@ __device__ __forceinline__ void read_staged_weight(const cuda::Vec<W, kChunkElem
   }
 }
 
+// A thread's dW sums, sum_at(k) for sum k = j * V + i (element i of its vector j),
+// when they are its columns' whole sums over the CTA's rows (one row per CTA):
+// to the CTA's partial row (the row group's; the workspace is 16-byte aligned,
+// N a multiple of V), or to dW itself (dw_direct). Vector stores: one store per
+// element, each lane's in another sector, cost microseconds at decode.
+template <int Vpt, int V, typename AccT, typename W, typename SumAt>
+__device__ __forceinline__ void store_thread_dw(const RowLayout& L, int cluster, int nv, int N,
+                                                AccT* __restrict__ partials, W* __restrict__ dw_direct,
+                                                SumAt&& sum_at) {
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * L.row_threads + L.u;
+    if (q >= nv) continue;
+    AccT sums[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) sums[i] = sum_at(j * V + i);
+    if (dw_direct == nullptr) {
+      store_row_slice<AccT, V>(partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V, sums);
+    } else {
+      store_dw_slice<W, V>(dw_direct, int64_t(q) * V, sums);
+    }
+  }
+}
+
 // Whether a backward launch holds its last weight vector in registers (kHoldLast):
 // rows of a cluster (two CTAs per SM) with 32-byte weight vectors. Shared by the
 // kernel and staged_weight_vectors, which then stages at most Vpt - 1.
@@ -849,23 +873,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     }
   }
   if (want_dw && (kSpreadRows || L.rows_per_cta == 1)) {
-    // One row per CTA: a thread's own slots are its columns' sums. They take
-    // vector stores (one store per element, each lane's in another sector, cost
-    // microseconds at decode): the partial row always (the workspace is 16-byte
-    // aligned, N a multiple of V), dW itself when it is 16-byte aligned.
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-      const int q = j * L.row_threads + L.u;
-      if (q >= nv) continue;
-      AccT sums[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) sums[i] = dw_sum(j * V + i);
-      if (dw_direct == nullptr) {
-        store_row_slice<AccT, V>(partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V, sums);
-      } else {
-        store_dw_slice<W, V>(dw_direct, int64_t(q) * V, sums);
-      }
-    }
+    // One row per CTA: a thread's own slots are its columns' sums.
+    store_thread_dw<Vpt, V>(L, cluster, nv, N, partials, dw_direct, dw_sum);
   } else if (want_dw) {
     __syncthreads();
     // Slot (j, t, i) of this CTA is column (j * row_threads + rank * group + t) * V + i;
@@ -1045,21 +1054,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       r_next = r_after;
     }
   }
-  if (want_dw) {
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-      const int q = j * L.row_threads + L.u;
-      if (q >= nv) continue;
-      AccT sums[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) sums[e] = dw[j * V + e];
-      if (dw_direct == nullptr) {
-        store_row_slice<AccT, V>(partials + int64_t(blockIdx.x / cluster) * N + int64_t(q) * V, sums);
-      } else {
-        store_dw_slice<W, V>(dw_direct, int64_t(q) * V, sums);
-      }
-    }
-  }
+  if (want_dw) store_thread_dw<Vpt, V>(L, cluster, nv, N, partials, dw_direct, [&](int k) { return dw[k]; });
   cl.sync();  // no CTA leaves while another still reads its slots
 #else
   __trap();  // clusters and bulk copies: chosen only on sm_90 and newer
