@@ -92,7 +92,7 @@ struct RmsChoice {
                          // 1 for backward rows spread over a cluster; 2 * kVpt for forward clusters
   bool decode_rows = false;  // no more rows than SMs, a CTA each (the decode kernels)
   int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
-  int stages = 0;        // backward cluster rows streamed through shared memory: rows in flight (else 0)
+  int stages = 0;        // backward cluster rows streamed (bulk copies): rows of x and dy staged, else 0
   int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
   int64_t dw_columns = 0;  // backward decode rows (M > 1): CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
@@ -305,13 +305,13 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
     const std::string spread = c.vpt == kVpt && !c.decode_rows ? ""
                                : c.vpt == 1  ? ",1 vector/thread"
                                              : "," + std::to_string(c.vpt) + " vectors/thread";
-    const std::string per_sm = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm"
-                               : c.stages > 0    ? "," + std::to_string(c.stages) + " rows staged by bulk copies"
-                                                 : "";
+    const std::string residency = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm"
+                                  : c.stages > 0    ? "," + std::to_string(c.stages) + " rows staged by bulk copies"
+                                                    : "";
     v = c.decode_rows       ? "decode_row<" + std::to_string(c.block) + "," + vec + spread + ">"
-        : c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + per_sm + ">"
+        : c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + residency + ">"
                        : "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec +
-                             spread + per_sm + ">";
+                             spread + residency + ">";
   }
   if (backward && dw) {
     v += c.dw_columns > 0 ? "+dw_columns<" + std::to_string(c.dw_columns) + " ctas>"
@@ -1358,7 +1358,7 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
 // Calls fn(kernel) with the streamed cluster-row backward kernel (instantiated for
 // 16-byte vectors, which the bulk copies need, as choose_rms picks it).
 template <typename T, typename W, typename AccT, int V, typename Fn>
-void with_bwd_streamed_kernel(const RmsChoice& c, Fn&& fn) {
+void with_bwd_streamed_kernel(Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     fn(rms_norm_bwd_streamed_kernel<T, W, AccT, V>);
   } else {
@@ -1417,7 +1417,7 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
         } else {
           if (backward && c.stages > 0) {
             with_bwd_streamed_kernel<scalar_t, W, acc_t, V>(
-                c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
+                [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
           } else if (backward) {
             with_bwd_kernel<scalar_t, W, acc_t, V>(
                 c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
@@ -1556,7 +1556,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                          inverse_row_length<acc_t>(rows.N));
           });
         } else if (c.stages > 0) {
-          with_bwd_streamed_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
+          with_bwd_streamed_kernel<scalar_t, W, acc_t, V>([&](auto kernel) {
             cuda::launch(kernel,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
                           .smem = c.smem},
