@@ -1,7 +1,9 @@
-"""Shared test helpers: opcheck runner, references and tolerances, compile check."""
+"""Shared test helpers: opcheck runner, references and tolerances, compile, export and
+CUDA-graph checks."""
 
 from __future__ import annotations
 
+import io
 from typing import Callable, Sequence
 
 import torch
@@ -54,6 +56,21 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(123 if t.dtype != torch.bool else True)
 
 
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def outputs_and_grads(fn: Callable, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """fn(*inputs)'s outputs, then the gradients of a fixed weighted sum of its floating-point
+    outputs with respect to the inputs that require grad."""
+    outs = _as_tuple(fn(*inputs))
+    wrt = [x for x in inputs if x.requires_grad]
+    loss = sum((o.float() * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum()
+               for o in outs if o.dtype.is_floating_point)
+    grads = torch.autograd.grad(loss, wrt) if wrt else ()
+    return [o.detach() for o in outs] + list(grads)
+
+
 def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], exact: bool = False) -> None:
     """torch.compile(fn, fullgraph=True, dynamic=True): forward and gradients (w.r.t. the
     inputs that require grad) equal eager's: bit for bit with exact=True, else within the
@@ -62,18 +79,79 @@ def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], ex
     compiled = torch.compile(fn, fullgraph=True, dynamic=True)
 
     def run(f):
-        xs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
-        out = f(*xs)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        grads_in = [x for x in xs if x.requires_grad]
-        loss = sum((o.float() * torch.linspace(-1, 1, o.numel(), device=o.device).view_as(o)).sum() for o in outs)
-        grads = torch.autograd.grad(loss, grads_in) if grads_in else ()
-        return [o.detach() for o in outs], list(grads)
+        return outputs_and_grads(f, [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs])
 
-    eager_out, eager_grads = run(fn)
-    comp_out, comp_grads = run(compiled)
-    for a, b in zip(comp_out + comp_grads, eager_out + eager_grads):
+    for a, b in zip(run(compiled), run(fn), strict=True):
         if exact:
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         else:
             assert_close(a, b)
+
+
+class _Wrap(torch.nn.Module):
+    """torch.export takes a Module; this one calls `fn` on its inputs."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)
+
+
+def check_export_matches_eager(fn: Callable, example: Sequence[torch.Tensor], dynamic_shapes: Sequence[dict],
+                               others: Sequence[Sequence[torch.Tensor]], ops: Sequence[str]) -> None:
+    """torch.export.export(fn) with `dynamic_shapes` (one dict per input) on `example`: the
+    graph calls each of `ops` (torch.ops.baracuda names, not decomposed), and the exported
+    program, the same after a save/load round trip, and after run_decompositions() all equal
+    eager bit for bit on `example` and on every input set in `others` (other sizes of the
+    dynamic dimensions); so do the gradients through the exported module (w.r.t. the inputs
+    whose `example` requires grad)."""
+    example = list(example)
+    program = torch.export.export(_Wrap(fn), tuple(x.detach() for x in example), dynamic_shapes=(tuple(dynamic_shapes),))
+    called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    for op in ops:
+        assert f"baracuda.{op}.default" in called, (op, called)
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    programs = (program, torch.export.load(buffer), program.run_decompositions())
+    for inputs in (example, *others):
+        inputs = [x.detach() for x in inputs]
+        eager = _as_tuple(fn(*inputs))
+        for p in programs:
+            for a, b in zip(_as_tuple(p.module()(*inputs)), eager, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+    def run(f, inputs):
+        return outputs_and_grads(f, [x.detach().clone().requires_grad_(r.requires_grad) for x, r in zip(inputs, example)])
+
+    for inputs in (example, *others):
+        for a, b in zip(run(program.module(), inputs), run(fn, inputs), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def check_cuda_graph_matches_eager(fn: Callable, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
+    """fn's forward and autograd backward (outputs_and_grads, w.r.t. the inputs that require
+    grad) captured in one CUDA graph on `first` (warmed up on a side stream, as torch.cuda.graph
+    documents), then `second` copied into the captured inputs and the graph replayed: its
+    outputs and gradients equal eager's on `second` bit for bit (so nothing syncs with the host,
+    allocates outside the graph's pool, or keeps state from the capture)."""
+    static = [x.detach().clone().requires_grad_(x.requires_grad) for x in first]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            outputs_and_grads(fn, static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = outputs_and_grads(fn, static)
+    with torch.no_grad():
+        for s, x in zip(static, second, strict=True):
+            s.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = outputs_and_grads(fn, [x.detach().clone().requires_grad_(x.requires_grad) for x in second])
+    for a, b in zip(captured, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)

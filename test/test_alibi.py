@@ -6,7 +6,8 @@ from expecttest import TestCase
 
 import baracuda_ops
 from baracuda_ops.ops.alibi import reference, reference_slope_grad
-from helpers import FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, opcheck, poison, random
+from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
+                     check_export_matches_eager, opcheck, poison, random)
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
 # path), Q > K and Q < K, decode (Q = 1), shapes whose slope gradient spreads each
@@ -216,19 +217,38 @@ def test_opcheck_out_variants(device):
             {"grad_scores": torch.empty_like(scores), "grad_slopes": torch.empty(3, device=device), "workspace": ws})
 
 
-def test_compile_fullgraph_dynamic_matches_eager(device):
-    def fn(scores, slopes):
-        y = baracuda_ops.alibi(scores * 2, slopes)
-        z = y.sin()
-        baracuda_ops.alibi_(z, slopes * 0.5)
-        return z
+def _alibi_twice(scores, slopes):
+    y = baracuda_ops.alibi(scores * 2, slopes)
+    z = y.sin()
+    baracuda_ops.alibi_(z, slopes * 0.5)
+    return z
 
+
+def test_compile_fullgraph_dynamic_matches_eager(device):
     def inputs(shape):
         return [random(shape, torch.float32, device, requires_grad=True),
                 _slopes(shape[1], torch.float32, device).requires_grad_()]
 
-    check_compile_matches_eager(fn, inputs((2, 3, 4, 8)))
-    check_compile_matches_eager(fn, inputs((1, 4, 5, 7)))
+    check_compile_matches_eager(_alibi_twice, inputs((2, 3, 4, 8)))
+    check_compile_matches_eager(_alibi_twice, inputs((1, 4, 5, 7)))
+
+
+def test_export_dynamic_matches_eager(device):
+    batch, q, k = torch.export.Dim("batch"), torch.export.Dim("q"), torch.export.Dim("k")
+    slopes = _slopes(3, torch.float32, device).requires_grad_()
+    check_export_matches_eager(_alibi_twice, [random((2, 3, 4, 8), torch.float32, device, requires_grad=True), slopes],
+                               [{0: batch, 2: q, 3: k}, {}],
+                               [[random((5, 3, 1, 7), torch.float32, device), slopes]], ["alibi", "alibi_inplace"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", [(64, 16, 1, 4096), (2, 8, 512, 512)])  # decode, large
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_replay_matches_eager(shape, dtype):
+    def inputs():
+        return [random(shape, dtype, "cuda", requires_grad=True), _slopes(shape[1], torch.float32, "cuda").requires_grad_()]
+
+    check_cuda_graph_matches_eager(_alibi_twice, inputs(), inputs())
 
 
 # ---------------------------------------------------------------------------- slopes helper and module

@@ -5,7 +5,8 @@ from expecttest import TestCase
 
 import baracuda_ops
 from baracuda_ops.ops.embedding_bag import zipf_indices
-from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison
+from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
+                     check_export_matches_eager, opcheck, poison)
 
 MODES = ("sum", "mean", "max")
 MODE_ENUM = {"sum": 0, "mean": 1, "max": 2}
@@ -203,6 +204,41 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
         w = torch.randn(20, 16, device=device, requires_grad=True)
         psw = torch.randn(n_idx, device=device, requires_grad=True)
         check_compile_matches_eager(fn, [w, psw, idx, torch.tensor(offsets, device=device)])
+
+
+def test_export_dynamic_matches_eager(device):
+    def fn(w, psw, idx, off):
+        y = baracuda_ops.embedding_bag(idx, w, off, mode="sum", per_sample_weights=psw)
+        z = baracuda_ops.embedding_bag(idx, w, off, mode="max", padding_idx=1)
+        return y, z, baracuda_ops.embedding_bag(idx, w, off, mode="mean", include_last_offset=True)
+
+    def inputs(n_idx, offsets):
+        return [torch.randn(20, 16, device=device, requires_grad=True), torch.randn(n_idx, device=device, requires_grad=True),
+                torch.randint(0, 20, (n_idx,), device=device), torch.tensor(offsets, device=device)]
+
+    # include_last_offset makes an output of len(offsets) - 1 rows, and export's tracer guards
+    # that size against 1 (as it does for F.embedding_bag): offsets of 3 or more.
+    positions, bags = torch.export.Dim("positions"), torch.export.Dim("bags", min=3)
+    check_export_matches_eager(fn, inputs(30, [0, 4, 4, 17]), [{}, {0: positions}, {0: positions}, {0: bags}],
+                               [inputs(41, [0, 9, 20, 20, 33, 41])], ["embedding_bag"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("num_weights,dim", [(50, 8), (100000, 128)])
+def test_cuda_graph_replay_matches_eager(mode, num_weights, dim):
+    def fn(w, psw, idx, off):
+        return baracuda_ops.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw if mode == "sum" else None,
+                                          padding_idx=3)
+
+    def inputs():
+        idx = skewed_indices(4000, num_weights, "cuda")
+        off = torch.sort(torch.randint(0, 4000, (300,), device="cuda")).values
+        off[0] = 0
+        return [torch.randn(num_weights, dim, device="cuda", requires_grad=True),
+                torch.randn(4000, device="cuda", requires_grad=mode == "sum"), idx, off]
+
+    check_cuda_graph_matches_eager(fn, inputs(), inputs())
 
 
 def skewed_indices(n, num_weights, device):

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, opcheck, poison, random
+from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
+                     check_export_matches_eager, opcheck, poison, random)
 
 
 def _fw(dims):
@@ -588,19 +589,49 @@ def test_opcheck_out_variants(device, dims):
     opcheck(_bw(dims).out, (g, x, k, out, i), {"grad_input": gi, "workspace": ws})
 
 
+def _pool_both(s2, s3):
+    def fn(x, v):
+        a = baracuda_ops.fractional_max_pool2d(x, 3, output_size=(5, 4), _random_samples=s2)
+        b = baracuda_ops.fractional_max_pool3d(v, 2, output_size=(2, 3, 3), _random_samples=s3)
+        return a, b
+
+    return fn
+
+
 def test_compile_fullgraph_dynamic_matches_eager(device):
-    s2 = torch.rand(2, 3, 2, device=device)
-    s3 = torch.rand(2, 3, 3, device=device)
+    pool = _pool_both(torch.rand(2, 3, 2, device=device), torch.rand(2, 3, 3, device=device))
 
     def fn(x, v):
-        a = baracuda_ops.fractional_max_pool2d(x * 2, 3, output_size=(5, 4), _random_samples=s2)
-        b = baracuda_ops.fractional_max_pool3d(v, 2, output_size=(2, 3, 3), _random_samples=s3)
+        a, b = pool(x * 2, v)
         return a.sin(), b * 3
 
     check_compile_matches_eager(fn, [random((2, 3, 9, 8), torch.float32, device, requires_grad=True),
                                      random((2, 3, 5, 6, 4), torch.float32, device, requires_grad=True)])
     check_compile_matches_eager(fn, [random((2, 3, 11, 7), torch.float32, device, requires_grad=True),
                                      random((2, 3, 6, 5, 5), torch.float32, device, requires_grad=True)])
+
+
+def test_export_dynamic_matches_eager(device):
+    fn = _pool_both(torch.rand(2, 3, 2, device=device), torch.rand(2, 3, 3, device=device))
+    h, w, t, d = (torch.export.Dim(name, min=low) for name, low in (("h", 7), ("w", 6), ("t", 3), ("d", 4)))
+    check_export_matches_eager(fn, [random((2, 3, 9, 8), torch.float32, device, requires_grad=True),
+                                    random((2, 3, 5, 6, 4), torch.float32, device, requires_grad=True)],
+                               [{2: h, 3: w}, {2: t, 4: d}],
+                               [[random((2, 3, 11, 7), torch.float32, device), random((2, 3, 6, 6, 6), torch.float32, device)]],
+                               ["fractional_max_pool2d", "fractional_max_pool3d"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_replay_matches_eager(dtype):
+    n, c = 4, 16
+    fn = _pool_both(torch.rand(n, c, 2, device="cuda"), torch.rand(n, c, 3, device="cuda"))
+
+    def inputs():
+        return [random((n, c, 40, 36), dtype, "cuda", requires_grad=True),
+                random((n, c, 9, 10, 11), dtype, "cuda", requires_grad=True)]
+
+    check_cuda_graph_matches_eager(fn, inputs(), inputs())
 
 
 # ---------------------------------------------------------------------------- modules and functional

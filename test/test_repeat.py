@@ -5,7 +5,8 @@ import torch
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison, random
+from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
+                     check_export_matches_eager, opcheck, poison, random)
 
 # (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
 # odd sizes, the benchmark layouts (bias-like, row/column/image tiling, leading expansion).
@@ -119,6 +120,28 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
 
     check_compile_matches_eager(fn, [random((4, 6), torch.float32, device, requires_grad=True)])
     check_compile_matches_eager(fn, [random((5, 3), torch.float32, device, requires_grad=True)])
+
+
+def test_export_dynamic_matches_eager(device):
+    def fn(x, g):
+        return baracuda_ops.repeat(x, (3, 1, 2)), torch.ops.baracuda.repeat_backward(g, [3, 1, 2], x.shape)
+
+    rows = torch.export.Dim("rows")
+    check_export_matches_eager(fn, [random((4, 6), torch.float32, device, requires_grad=True),
+                                    random((3, 4, 12), torch.float32, device, requires_grad=True)],
+                               [{0: rows}, {1: rows}],
+                               [[random((7, 6), torch.float32, device), random((3, 7, 12), torch.float32, device)]],
+                               ["repeat", "repeat_backward"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_replay_matches_eager(dtype):
+    def fn(x):
+        return baracuda_ops.repeat(x, (2, 3, 1))
+
+    check_cuda_graph_matches_eager(fn, [random((64, 48), dtype, "cuda", requires_grad=True)],
+                                   [random((64, 48), dtype, "cuda")])
 
 
 # ---------------------------------------------------------------------------- Plan API

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, opcheck, poison, random
+from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
+                     check_export_matches_eager, opcheck, poison, random)
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -355,6 +356,35 @@ def test_compile_module_matches_eager(device):
             eager = [p.grad.clone() for p in model.parameters()]
     for a, p in zip(eager, model.parameters()):
         assert_close(p.grad, a)
+
+
+def test_export_dynamic_matches_eager(device):
+    def fn(x, w, g):
+        y, rstd = torch.ops.baracuda.rms_norm(x, [32], w, None)
+        dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [32], rstd, w, [True, True])
+        return baracuda_ops.rms_norm(x, [32], w, eps=1e-3), y, dx.detach(), dw.detach()  # no double backward
+
+    rows = torch.export.Dim("rows")
+    w = random((32,), torch.float32, device, requires_grad=True)
+    check_export_matches_eager(fn, [random((2, 3, 32), torch.float32, device, requires_grad=True), w,
+                                    random((2, 3, 32), torch.float32, device)],
+                               [{1: rows}, {}, {1: rows}],
+                               [[random((2, 9, 32), torch.float32, device), w, random((2, 9, 32), torch.float32, device)]],
+                               ["rms_norm", "rms_norm_backward"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", [(8, 4096), (300, 1024), (64, 65536)])  # decode, rows of a CTA, cluster rows
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                (torch.float32, torch.float32)])
+def test_cuda_graph_replay_matches_eager(shape, dtype, weight_dtype):
+    def fn(x, w):
+        return baracuda_ops.rms_norm(x, shape[-1:], w)
+
+    def inputs():
+        return [random(shape, dtype, "cuda", requires_grad=True), random(shape[-1:], weight_dtype, "cuda", requires_grad=True)]
+
+    check_cuda_graph_matches_eager(fn, inputs(), inputs())
 
 
 # ---------------------------------------------------------------------------- nn.RMSNorm
