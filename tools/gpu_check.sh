@@ -4,6 +4,7 @@
 # benchmark; logs under $OUT, a short summary table last.
 #
 #   STAGES="build test sanitize bench" ONLY=<families, comma-separated> BENCH_ARGS="--full" \
+#   TEST_FILES_IN_PARALLEL=1 (one pytest process per test file) \
 #   BENCH_CASES="<'|'-separated case-name substrings>" \
 #   SANITIZERS="memcheck racecheck initcheck synccheck" bash tools/gpu_check.sh
 #
@@ -54,9 +55,30 @@ if stage test; then
   start=$(date +%s)
   filter=()
   [ -n "$ONLY" ] && filter=(-k "${ONLY//,/ or }")
-  python3 -m pytest test -q -rfE -p no:logging -p no:cacheprovider "${filter[@]}" > "$OUT/tests.log" 2>&1
-  rc=$?
-  RESULT[test]="rc=$rc $(tail -1 "$OUT/tests.log") $(( $(date +%s) - start ))s"
+  if [ -n "${TEST_FILES_IN_PARALLEL:-}" ]; then
+    # One pytest process per test file, all at once (the suite is mostly CPU-bound); their
+    # logs one after another in tests.log, a summary line per file last.
+    pids=()
+    for f in test/test_*.py; do
+      python3 -m pytest "$f" -q -rfE -p no:logging -p no:cacheprovider "${filter[@]}" > "/tmp/tests_$(basename "$f").log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for pid in "${pids[@]}"; do
+      wait "$pid"; r=$?
+      [ $r -eq 5 ] && r=0  # no test of this file matched the ONLY filter
+      [ $r -gt $rc ] && rc=$r
+    done
+    : > "$OUT/tests.log"
+    for f in /tmp/tests_test_*.log; do { echo "=== $f"; cat "$f"; } >> "$OUT/tests.log"; done
+    for f in /tmp/tests_test_*.log; do echo "$(basename "$f" .log): $(tail -1 "$f")"; done >> "$OUT/tests.log"
+    summary=$(for f in /tmp/tests_test_*.log; do tail -1 "$f"; done | tr '\n' ' ')
+  else
+    python3 -m pytest test -q -rfE -p no:logging -p no:cacheprovider "${filter[@]}" > "$OUT/tests.log" 2>&1
+    rc=$?
+    summary=$(tail -1 "$OUT/tests.log")
+  fi
+  RESULT[test]="rc=$rc $summary $(( $(date +%s) - start ))s"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 fi
 
