@@ -637,6 +637,16 @@ struct RawWeight {
   __device__ __forceinline__ AccT at(int i) const {
     return cuda::raw_elem<AccT, W, kChunk>(chunk[i / kChunk], i % kChunk);
   }
+
+  // A chunk of W(1)s: the weight where there is none.
+  static __device__ __forceinline__ cuda::RawVec<W, kChunk> ones_chunk() {
+    cuda::Vec<W, kChunk> one;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) one.v[i] = W(1);
+    cuda::RawVec<W, kChunk> raw;
+    memcpy(&raw, &one, sizeof(raw));
+    return raw;
+  }
 };
 
 // One 16-byte vector of a decode row: the forward's by the read-only path (the
@@ -663,14 +673,7 @@ __device__ __forceinline__ void load_decode_row(const T* __restrict__ x, const T
                                                 const W* __restrict__ w, int64_t row, int N,
                                                 cuda::RawVec<T, V> (&xv)[Vpt], cuda::RawVec<T, V> (&gv)[Vpt],
                                                 RawWeight<W, V> (&wv)[Vpt]) {
-  using Chunk = cuda::RawVec<W, RawWeight<W, V>::kChunk>;
-  Chunk ones;
-  {
-    cuda::Vec<W, RawWeight<W, V>::kChunk> one;
-#pragma unroll
-    for (int i = 0; i < RawWeight<W, V>::kChunk; ++i) one.v[i] = W(1);
-    memcpy(&ones, &one, sizeof(ones));
-  }
+  const auto ones = RawWeight<W, V>::ones_chunk();
   const int nv = N / V;
 #pragma unroll
   for (int j = 0; j < Vpt; ++j) {
@@ -975,10 +978,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     for (int c = 0; c < V / RawWeight<W, V>::kChunk; ++c) {
       constexpr int kChunk = RawWeight<W, V>::kChunk;
       if (w == nullptr || q >= nv) {
-        cuda::Vec<W, kChunk> one;
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) one.v[e] = W(1);
-        memcpy(&wv[j].chunk[c], &one, sizeof(one));
+        wv[j].chunk[c] = RawWeight<W, V>::ones_chunk();
       } else {
         wv[j].chunk[c] = cuda::load_raw<W, kChunk>(w + int64_t(q) * V + c * kChunk);
       }
