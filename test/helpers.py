@@ -132,8 +132,8 @@ def check_export_matches_eager(fn: Callable, example: Sequence[torch.Tensor], dy
 
 
 def check_cuda_graph_matches_eager(fn: Callable, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> None:
-    """fn's forward and autograd backward (outputs_and_grads, w.r.t. the inputs that require
-    grad) captured in one CUDA graph on `first` (warmed up on a side stream, as torch.cuda.graph
+    """fn's forward and autograd backward (outputs_and_grads, w.r.t. the inputs of `first` that
+    require grad) captured in one CUDA graph on `first` (warmed up on a side stream, as torch.cuda.graph
     documents), then `second` copied into the captured inputs and the graph replayed: its
     outputs and gradients equal eager's on `second` bit for bit (so nothing syncs with the host,
     allocates outside the graph's pool, or keeps state from the capture)."""
@@ -152,6 +152,6 @@ def check_cuda_graph_matches_eager(fn: Callable, first: Sequence[torch.Tensor], 
             s.copy_(x)
     graph.replay()
     torch.cuda.synchronize()
-    eager = outputs_and_grads(fn, [x.detach().clone().requires_grad_(x.requires_grad) for x in second])
+    eager = outputs_and_grads(fn, [x.detach().clone().requires_grad_(s.requires_grad) for x, s in zip(second, static)])
     for a, b in zip(captured, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)

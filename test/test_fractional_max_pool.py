@@ -625,7 +625,7 @@ def test_export_dynamic_matches_eager(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graph_replay_matches_eager(dtype):
     n, c = 4, 16
-    fn = _pool_both(torch.rand(n, c, 2, device="cuda"), torch.rand(n, c, 3, device="cuda"))
+    fn = _pool_both(torch.rand(n, c, 2, device="cuda", dtype=dtype), torch.rand(n, c, 3, device="cuda", dtype=dtype))
 
     def inputs():
         return [random((n, c, 40, 36), dtype, "cuda", requires_grad=True),
