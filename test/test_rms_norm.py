@@ -390,6 +390,33 @@ def test_cuda_graph_replay_matches_eager(shape, dtype, weight_dtype):
 # ---------------------------------------------------------------------------- nn.RMSNorm
 
 
+@pytest.mark.parametrize("dtype,wdt", [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16),
+                                       (torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                       (torch.float64, torch.float32), (torch.float64, torch.bfloat16)])
+def test_other_weight_dtypes_follow_torch(device, dtype, wdt):
+    # Weights of a dtype the op does not take, which F.rms_norm accepts (a float32 input
+    # with bfloat16 parameters, ...): rms_norm and nn.RMSNorm convert them to the
+    # computation type first, exactly; output in x's dtype, dW in the weight's.
+    x = random((9, 300), dtype, device, requires_grad=True)
+    w = random((300,), wdt, device, requires_grad=True)
+    g = random((9, 300), dtype, device)
+    y = baracuda_ops.rms_norm(x, 300, w)
+    expected = F.rms_norm(x, (300,), w)
+    assert y.dtype == expected.dtype == dtype
+    assert_close(y, expected)
+    ours = torch.autograd.grad(y, (x, w), g)
+    theirs = torch.autograd.grad(expected, (x, w), g)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype
+        assert_close(a, b, scale=4)
+    module = baracuda_ops.nn.RMSNorm(300, device=device, dtype=wdt)
+    with torch.no_grad():
+        module.weight.copy_(w)
+    assert torch.equal(module(x), y)
+    with pytest.raises(TypeError, match="weight dtype Double is not supported"):  # would need float64 products
+        baracuda_ops.rms_norm(x.detach().float(), 300, w.detach().double())
+
+
 def test_module_is_drop_in_for_torch_rmsnorm(device):
     theirs = torch.nn.RMSNorm([3, 16], eps=1e-6, device=device)
     with torch.no_grad():

@@ -11,7 +11,10 @@ Semantics follow ``torch.nn.functional.rms_norm``:
 
 * output dtype = input dtype, also with a float32 weight on a float16/bfloat16
   input (PyTorch computes ``x * rstd * w`` in float32 and casts it to the input
-  dtype); a weight must have the input's dtype, or be float32 with a half input;
+  dtype); the op takes a weight of the input's dtype, or float32 with a half input;
+  ``rms_norm`` (and ``nn.RMSNorm``) also the other floating weights PyTorch
+  accepts, converted exactly to the computation type first (``_kernel_weight``),
+  but for a float64 weight on a non-float64 input;
 * ``eps=None`` means the machine epsilon of the computation type:
   ``torch.finfo(torch.float32).eps`` for float16/bfloat16/float32 and
   ``torch.finfo(torch.float64).eps`` for float64 — what PyTorch's kernels use;
@@ -60,10 +63,28 @@ def rms_norm(
     eps: float | None = None,
 ) -> torch.Tensor:
     """Same result as ``torch.nn.functional.rms_norm``; differentiable w.r.t. ``x`` and ``weight``
-    (once: a gradient of the gradient raises NotImplementedError)."""
+    (once: a gradient of the gradient raises NotImplementedError). A weight of another
+    floating dtype than the op takes is converted first (see ``_kernel_weight``)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return torch.ops.baracuda.rms_norm(x, list(normalized_shape), weight, eps)[0]
+    return torch.ops.baracuda.rms_norm(x, list(normalized_shape), _kernel_weight(x, weight), eps)[0]
+
+
+def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
+    """The weight in a dtype the op takes (x's, or float32 with a half x), for the other
+    floating combinations ``torch.nn.functional.rms_norm`` accepts with a warning (e.g. a
+    bfloat16 weight on a float32 input). PyTorch computes ``x * rstd * w`` in the promoted
+    type of the computation type (float32; float64 for float64 x) and the weight's, then
+    casts to x's dtype; where that promoted type is the computation type, converting the
+    weight to it is exact and gives the same result (the conversion is differentiable, so
+    dW comes back in the weight's dtype). A float64 weight on a non-float64 input would
+    need float64 products: not supported (the op's dtype error)."""
+    if weight is None or weight.dtype == x.dtype or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
+        return weight  # the op's own dtypes, or its dtype error
+    computation = _acc_dtype(x.dtype)
+    if weight.dtype == computation or (weight.dtype == torch.float64 and computation != torch.float64):
+        return weight  # a float32 weight on a half input, or the op's dtype error
+    return weight.to(computation)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
