@@ -1,11 +1,12 @@
-"""Shared test helpers: opcheck runner, references and tolerances, compile, export and
-CUDA-graph checks."""
+"""Shared test helpers: opcheck runner, references and tolerances, compile, export,
+CUDA-graph and second-GPU checks."""
 
 from __future__ import annotations
 
 import io
 from typing import Callable, Sequence
 
+import pytest
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -36,6 +37,16 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(
         actual.to(torch.float64).cpu(), expected.to(torch.float64).cpu(), rtol=rtol * scale, atol=atol * scale
     )
+
+
+def require_free_gpu_memory(gib: float) -> None:
+    """Skip (naming the need) unless a CUDA device with `gib` GiB free is present; tests that
+    call it are marked big_memory, and tools/gpu_check.sh runs those one at a time."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    torch.cuda.empty_cache()
+    if torch.cuda.mem_get_info()[0] < gib * 2**30:
+        pytest.skip(f"needs {gib} GiB of free GPU memory")
 
 
 def random(shape: Sequence[int], dtype: torch.dtype, device, requires_grad: bool = False) -> torch.Tensor:
@@ -155,3 +166,23 @@ def check_cuda_graph_matches_eager(fn: Callable, first: Sequence[torch.Tensor], 
     eager = outputs_and_grads(fn, [x.detach().clone().requires_grad_(s.requires_grad) for x, s in zip(second, static)])
     for a, b in zip(captured, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+needs_two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                    reason="needs two CUDA devices")
+
+
+def check_second_gpu_matches_first(fn: Callable, inputs: Sequence[torch.Tensor]) -> None:
+    """With cuda:0 the current device, fn's outputs and gradients (outputs_and_grads) on copies of
+    `inputs` on cuda:1 lie on cuda:1 and equal those on cuda:0 bit for bit: every kernel, side
+    stream, workspace and device property follows the tensors' device, not the current one."""
+    def on(device):
+        return [x.detach().to(device).requires_grad_(x.requires_grad) for x in inputs]
+
+    with torch.cuda.device(0):
+        expected = outputs_and_grads(fn, on("cuda:0"))
+        got = outputs_and_grads(fn, on("cuda:1"))
+        torch.cuda.synchronize(1)
+    for a, b in zip(got, expected, strict=True):
+        assert a.device == torch.device("cuda:1"), a.device
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)

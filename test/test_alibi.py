@@ -7,7 +7,8 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.alibi import reference, reference_slope_grad
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, opcheck, poison, random)
+                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     require_free_gpu_memory)
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
 # path), Q > K and Q < K, decode (Q = 1), shapes whose slope gradient spreads each
@@ -112,6 +113,42 @@ def test_large_forward_and_inplace_match_reference(device, dtype):
     if device.type == "cuda":
         plan = baracuda_ops.AlibiPlan.select(baracuda_ops.AlibiDescriptor(shape, dtype, torch.float32, device))
         assert plan.sku().variant == "bias_stream<16B,i32,vpt=1>"
+
+
+@pytest.mark.big_memory
+def test_cuda_past_2_31_elements_takes_64bit_index_kernels():
+    # Scores of 2^31 + 2^17 elements take the i64 kernels; each head alone has 2^29 and takes
+    # the i32 ones with the same per-element math, so the forward must match them bit for bit.
+    # The slope gradient: per head against a float64 sum; large values on the last rows of the
+    # last head (which lie past element 2^31) make any lost or misplaced element show.
+    require_free_gpu_memory(14)
+    shape, dtype = (1, 4, 16385, 32768), torch.bfloat16
+    for plan, desc in ((baracuda_ops.AlibiPlan, baracuda_ops.AlibiDescriptor),
+                       (baracuda_ops.AlibiBackwardPlan, baracuda_ops.AlibiBackwardDescriptor)):
+        assert ",i64," in plan.select(desc(shape, dtype, torch.float32, "cuda")).sku().variant
+    scores = torch.randn(shape, dtype=dtype, device="cuda")
+    scores[0, 3, -3:, -4096:] = 64.0
+    slopes = _slopes(4, torch.float32, "cuda")
+    y = baracuda_ops.alibi(scores, slopes)
+    for h in range(4):
+        assert torch.equal(y[:, h:h + 1], baracuda_ops.alibi(scores[:, h:h + 1], slopes[h:h + 1])), h
+    keys = torch.arange(shape[3], device="cuda", dtype=torch.float64)
+    last_rows = torch.arange(shape[2] - 3, shape[2], device="cuda", dtype=torch.float64)
+    assert_close(y[0, 3, -3:], (scores[0, 3, -3:].double() + slopes[3].double() * (keys - last_rows[:, None])).to(dtype))
+
+    _, grad_slopes = torch.ops.baracuda.alibi_backward(scores, slopes, [False, True])
+    ref = torch.zeros(4, dtype=torch.float64, device="cuda")
+    magnitude = torch.zeros_like(ref)
+    for q0 in range(0, shape[2], 1024):
+        rows = torch.arange(q0, min(q0 + 1024, shape[2]), device="cuda", dtype=torch.float64)
+        terms = scores[0, :, q0:q0 + 1024].double() * (keys - rows[:, None])
+        ref += terms.sum(dim=(1, 2))
+        magnitude += terms.abs().sum(dim=(1, 2))
+    bound = 1e-5 * ref.abs() + 4 * 2.0**-23 * magnitude  # as _slope_grad_tolerance
+    assert bool(((grad_slopes.double() - ref).abs() <= bound).all()), (grad_slopes, ref, bound)
+
+    baracuda_ops.alibi_(scores, slopes)
+    assert torch.equal(scores, y)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -245,10 +282,18 @@ def test_export_dynamic_matches_eager(device):
 @pytest.mark.parametrize("shape", [(64, 16, 1, 4096), (2, 8, 512, 512)])  # decode, large
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graph_replay_matches_eager(shape, dtype):
-    def inputs():
-        return [random(shape, dtype, "cuda", requires_grad=True), _slopes(shape[1], torch.float32, "cuda").requires_grad_()]
+    check_cuda_graph_matches_eager(_alibi_twice, _alibi_inputs(shape, dtype), _alibi_inputs(shape, dtype))
 
-    check_cuda_graph_matches_eager(_alibi_twice, inputs(), inputs())
+
+@needs_two_gpus
+@pytest.mark.parametrize("shape", [(64, 16, 1, 4096), (2, 8, 512, 512)])  # decode, large
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_second_gpu_matches_first(shape, dtype):
+    check_second_gpu_matches_first(_alibi_twice, _alibi_inputs(shape, dtype))
+
+
+def _alibi_inputs(shape, dtype):
+    return [random(shape, dtype, "cuda", requires_grad=True), _slopes(shape[1], torch.float32, "cuda").requires_grad_()]
 
 
 # ---------------------------------------------------------------------------- slopes helper and module

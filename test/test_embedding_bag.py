@@ -6,7 +6,8 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, opcheck, poison)
+                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison,
+                     require_free_gpu_memory)
 
 MODES = ("sum", "mean", "max")
 MODE_ENUM = {"sum": 0, "mean": 1, "max": 2}
@@ -227,18 +228,30 @@ def test_export_dynamic_matches_eager(device):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_weights,dim", [(50, 8), (100000, 128)])
 def test_cuda_graph_replay_matches_eager(mode, num_weights, dim):
+    check_cuda_graph_matches_eager(_bags_fn(mode), _bags_inputs(mode, num_weights, dim), _bags_inputs(mode, num_weights, dim))
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("num_weights,dim", [(50, 8), (100000, 128)])
+def test_second_gpu_matches_first(mode, num_weights, dim):
+    check_second_gpu_matches_first(_bags_fn(mode), _bags_inputs(mode, num_weights, dim))
+
+
+def _bags_fn(mode):
     def fn(w, psw, idx, off):
         return baracuda_ops.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw if mode == "sum" else None,
                                           padding_idx=3)
+    return fn
 
-    def inputs():
-        idx = skewed_indices(4000, num_weights, "cuda")
-        off = torch.sort(torch.randint(0, 4000, (300,), device="cuda")).values
-        off[0] = 0
-        return [torch.randn(num_weights, dim, device="cuda", requires_grad=True),
-                torch.randn(4000, device="cuda", requires_grad=mode == "sum"), idx, off]
 
-    check_cuda_graph_matches_eager(fn, inputs(), inputs())
+def _bags_inputs(mode, num_weights, dim):
+    """4000 skewed indices in 300 bags (some empty), per-sample weights (used in sum mode)."""
+    idx = skewed_indices(4000, num_weights, "cuda")
+    off = torch.sort(torch.randint(0, 4000, (300,), device="cuda")).values
+    off[0] = 0
+    return [torch.randn(num_weights, dim, device="cuda", requires_grad=True),
+            torch.randn(4000, device="cuda", requires_grad=mode == "sum"), idx, off]
 
 
 def skewed_indices(n, num_weights, device):
@@ -481,6 +494,67 @@ def test_module_is_drop_in(device):
     for kwargs in ({"sparse": True}, {"scale_grad_by_freq": True}, {"max_norm": 1.0}):
         with pytest.raises(baracuda_ops.UnsupportedError):
             baracuda_ops.nn.EmbeddingBag(10, 3, **kwargs)
+
+
+# ---------------------------------------------------------------------------- past 2^31 elements
+
+
+@pytest.mark.big_memory
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_weight_past_2_31_elements_matches_F(mode):
+    # A [2^24 + 5, 128] bfloat16 table: rows 2^24 on lie wholly past element 2^31, and the
+    # first bags use them (each several times, so max mode has ties to resolve). Forward
+    # and grad_weight against PyTorch's CUDA kernels (its backward adds with atomics in max
+    # mode: within tolerance); the rows no index names keep a zero gradient.
+    require_free_gpu_memory(16)
+    v, d, dtype = (1 << 24) + 5, 128, torch.bfloat16
+    w = torch.randn(v, d, dtype=dtype, device="cuda", requires_grad=True)
+    idx = torch.randint(0, v, (32768,), device="cuda")
+    idx[:64] = v - 1 - torch.arange(64, device="cuda") % 5
+    off = torch.arange(0, 32768, 8, device="cuda")
+    out = baracuda_ops.embedding_bag(idx, w, off, mode=mode)
+    ref = F.embedding_bag(idx, w, off, mode=mode)
+    if mode == "max":
+        assert torch.equal(out, ref)
+    else:
+        torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1.6e-2)
+    grad = torch.randn_like(out)
+    (dw,) = torch.autograd.grad(out, [w], grad)
+    (ref_dw,) = torch.autograd.grad(ref, [w], grad)
+    used = idx.unique()
+    torch.testing.assert_close(dw[used], ref_dw[used], rtol=1.6e-2, atol=1.6e-2)
+    del ref_dw
+    assert not dw.index_fill_(0, used, 0).any()
+
+
+@pytest.mark.big_memory
+def test_cuda_output_past_2_31_elements_matches_float64():
+    # 2^24 + 64 bags of two (2-D int32 input, mean mode) of 128 bfloat16 columns: the last
+    # 64 bags' outputs lie past element 2^31. Forward against PyTorch's CUDA kernel; the
+    # gradient (about 33,000 terms a row) against a float64 sum, the last bags' grad scaled
+    # up so that a bag lost or read from the wrong place shows.
+    require_free_gpu_memory(16)
+    b, d, v, dtype = (1 << 24) + 64, 128, 1000, torch.bfloat16
+    w = torch.randn(v, d, dtype=dtype, device="cuda", requires_grad=True)
+    idx = torch.randint(0, v, (b, 2), device="cuda", dtype=torch.int32)
+    out = baracuda_ops.embedding_bag(idx, w, mode="mean")
+    ref = F.embedding_bag(idx, w.detach(), mode="mean")
+    chunk = 1 << 20
+    for r in range(0, b, chunk):
+        torch.testing.assert_close(out[r:r + chunk], ref[r:r + chunk], rtol=1.6e-2, atol=1.6e-2)
+    del ref
+    grad = torch.randn_like(out)
+    grad[-64:] *= 1000
+    (dw,) = torch.autograd.grad(out, [w], grad)
+    ref_dw = torch.zeros(v, d, dtype=torch.float64, device="cuda")
+    magnitude = torch.zeros_like(ref_dw)
+    for r in range(0, b, chunk):
+        terms = grad[r:r + chunk].double().repeat_interleave(2, 0) / 2  # a bag's two positions, in order
+        ref_dw.index_add_(0, idx[r:r + chunk].reshape(-1).long(), terms)
+        magnitude.index_add_(0, idx[r:r + chunk].reshape(-1).long(), terms.abs())
+    # A float32 sum per row, rounded once to bfloat16.
+    bound = 1.6e-2 * ref_dw.abs() + 4 * 2.0**-23 * magnitude
+    assert bool(((dw.double() - ref_dw).abs() <= bound).all()), ((dw.double() - ref_dw).abs().max(), bound.min())
 
 
 # ---------------------------------------------------------------------------- CUDA bad-index reporting

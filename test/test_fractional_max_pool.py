@@ -8,7 +8,8 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, opcheck, poison, random)
+                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     require_free_gpu_memory)
 
 
 def _fw(dims):
@@ -311,6 +312,7 @@ def test_backward_tiles_load_fewest_cells_then_smallest(device):
         assert _backward_plan(3, shape, k, out, dtype, device).workspace_size() == 4 * tiles * 4, dtype
 
 
+@pytest.mark.big_memory
 @pytest.mark.parametrize("dims, shape, k, out, dtype", [
     (2, (1, 2, 32768, 32768), 3, 16384, torch.float32),   # 2^31 elements, overlapping windows (tile_counts)
     (3, (1, 1, 1291, 1291, 1291), 2, 645, torch.bfloat16),  # 2.15e9 elements, disjoint windows (tile_stores)
@@ -322,8 +324,7 @@ def test_64bit_indexing_matches_pytorch(device, dims, shape, k, out, dtype):
     # within float tolerance rather than bit-equal).
     if device.type != "cuda":
         pytest.skip("64-bit index math is a CUDA kernel variant (the CPU kernels index with int64 throughout)")
-    if torch.cuda.mem_get_info()[0] < 40 * 2**30:
-        pytest.skip("needs 40 GiB of free GPU memory")
+    require_free_gpu_memory(40)
     k, out = (k,) * dims, (out,) * dims
     plan = _backward_plan(dims, shape, k, out, dtype, device)
     assert "i64" in plan.sku().variant, plan.sku().variant
@@ -624,14 +625,23 @@ def test_export_dynamic_matches_eager(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graph_replay_matches_eager(dtype):
-    n, c = 4, 16
-    fn = _pool_both(torch.rand(n, c, 2, device="cuda", dtype=dtype), torch.rand(n, c, 3, device="cuda", dtype=dtype))
+    check_cuda_graph_matches_eager(*_pooling_case(dtype), _pooling_case(dtype)[1])
 
-    def inputs():
-        return [random((n, c, 40, 36), dtype, "cuda", requires_grad=True),
-                random((n, c, 9, 10, 11), dtype, "cuda", requires_grad=True)]
 
-    check_cuda_graph_matches_eager(fn, inputs(), inputs())
+@needs_two_gpus
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_second_gpu_matches_first(dtype):
+    check_second_gpu_matches_first(*_pooling_case(dtype))
+
+
+def _pooling_case(dtype, n=4, c=16):
+    """_pool_both on a 2d and a 3d input (their windows overlap in part), the samples inputs too."""
+    def fn(x, v, s2, s3):
+        return _pool_both(s2, s3)(x, v)
+
+    return fn, [random((n, c, 40, 36), dtype, "cuda", requires_grad=True),
+                random((n, c, 9, 10, 11), dtype, "cuda", requires_grad=True),
+                torch.rand(n, c, 2, device="cuda", dtype=dtype), torch.rand(n, c, 3, device="cuda", dtype=dtype)]
 
 
 # ---------------------------------------------------------------------------- modules and functional

@@ -6,7 +6,8 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, opcheck, poison, random)
+                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     require_free_gpu_memory)
 
 # (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
 # odd sizes, the benchmark layouts (bias-like, row/column/image tiling, leading expansion).
@@ -142,6 +143,13 @@ def test_cuda_graph_replay_matches_eager(dtype):
 
     check_cuda_graph_matches_eager(fn, [random((64, 48), dtype, "cuda", requires_grad=True)],
                                    [random((64, 48), dtype, "cuda")])
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("shape,repeats", [((64, 48), (2, 3, 1)), ((4096, 256), (8, 1)), ((512,), (4096, 1))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_second_gpu_matches_first(shape, repeats, dtype):
+    check_second_gpu_matches_first(lambda x: baracuda_ops.repeat(x, repeats), [random(shape, dtype, "cuda", requires_grad=True)])
 
 
 # ---------------------------------------------------------------------------- Plan API
@@ -343,8 +351,9 @@ def test_cuda_backward_dx_stays_in_l2_up_to_a_third_of_it():
         assert torch.equal(dx, g[:m] + g[m:])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (uses ~9 GB)")
+@pytest.mark.big_memory
 def test_cuda_64bit_index_paths():
+    require_free_gpu_memory(10)
     # Outputs past 2^31 elements take the 64-bit index kernels.
     x = torch.randint(0, 255, (1 << 16,), dtype=torch.uint8, device="cuda")
     reps = ((1 << 15) + 3, 1)

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, opcheck, poison, random)
+from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
+                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     require_free_gpu_memory)
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -197,6 +198,49 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
         assert ("rows staged by bulk copies" in streamed) == (wdt == torch.float32 and dtype != torch.float32)
 
 
+@pytest.mark.big_memory
+@pytest.mark.parametrize("n,wdt,kernel", [(1024, torch.bfloat16, "warp_rows"), (8192, torch.bfloat16, "cta_row"),
+                                          (65536, torch.bfloat16, "cluster_row"), (65536, torch.float32, "bulk copies"),
+                                          (2**20, torch.bfloat16, "two_pass_row")])
+def test_cuda_past_2_31_elements(n, wdt, kernel):
+    # bfloat16 inputs of 2^31 + 3n elements, the last three rows wholly past element 2^31,
+    # through each kind of row kernel (`kernel` names the forward's or, with a float32
+    # weight, the backward's variant). Rows from the start, middle and end against float64;
+    # dW (a sum over every row) against a float64 sum, with the last rows' grad scaled up so
+    # that a row lost or read from the wrong place shows in it.
+    require_free_gpu_memory(20)
+    m, dtype = (1 << 31) // n + 3, torch.bfloat16
+    fwd = baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype, weight_dtype=wdt,
+                                                                         device="cuda")).sku().variant
+    bwd = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
+        (m, n), (n,), dtype, weight_dtype=wdt, device="cuda")).sku().variant
+    assert kernel in (bwd if wdt == torch.float32 else fwd), (fwd, bwd)
+    x = torch.randn(m, n, dtype=dtype, device="cuda")
+    w = torch.randn(n, dtype=wdt, device="cuda")
+    rows = torch.tensor([0, 1, m // 2, m - 4, m - 3, m - 2, m - 1], device="cuda")
+    y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    ref_y, ref_rstd = reference(x[rows], (n,), w)
+    assert_close(y[rows], ref_y)
+    torch.testing.assert_close(rstd[rows].double(), ref_rstd, rtol=2 * math.sqrt(n) * 2.0**-24, atol=0)
+    del y
+
+    g = torch.randn(m, n, dtype=dtype, device="cuda")
+    g[-3:] *= 1000
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
+    assert_close(dx[rows], backward_reference(x[rows], (n,), w, g[rows])[0], scale=4)
+    ref_dw = torch.zeros(n, dtype=torch.float64, device="cuda")
+    magnitude = torch.zeros_like(ref_dw)
+    step = max(1, (1 << 25) // n)
+    for r in range(0, m, step):
+        x64 = x[r:r + step].double()
+        terms = g[r:r + step].double() * x64 * torch.rsqrt(x64.pow(2).mean(1, keepdim=True) + torch.finfo(torch.float32).eps)
+        ref_dw += terms.sum(0)
+        magnitude += terms.abs().sum(0)
+    # dW: a float32 sum over the rows, rounded once to the weight's dtype.
+    bound = TOLERANCES[wdt][0] * ref_dw.abs() + 4 * 2.0**-23 * magnitude
+    assert bool(((dw.double() - ref_dw).abs() <= bound).all()), ((dw.double() - ref_dw).abs().max(), bound.min())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_backward_matches_torch_autograd(device, dtype):
     for wdt in weight_kinds(dtype)[1:]:
@@ -378,13 +422,23 @@ def test_export_dynamic_matches_eager(device):
 @pytest.mark.parametrize("dtype,weight_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
                                                 (torch.float32, torch.float32)])
 def test_cuda_graph_replay_matches_eager(shape, dtype, weight_dtype):
-    def fn(x, w):
-        return baracuda_ops.rms_norm(x, shape[-1:], w)
-
     def inputs():
         return [random(shape, dtype, "cuda", requires_grad=True), random(shape[-1:], weight_dtype, "cuda", requires_grad=True)]
 
-    check_cuda_graph_matches_eager(fn, inputs(), inputs())
+    check_cuda_graph_matches_eager(_rms_norm_fn(shape), inputs(), inputs())
+
+
+def _rms_norm_fn(shape):
+    return lambda x, w: baracuda_ops.rms_norm(x, shape[-1:], w)
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("shape", [(8, 4096), (300, 1024), (64, 65536), (2, 2**20)])  # + two passes
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                (torch.float32, torch.float32)])
+def test_second_gpu_matches_first(shape, dtype, weight_dtype):
+    check_second_gpu_matches_first(_rms_norm_fn(shape), [random(shape, dtype, "cuda", requires_grad=True),
+                                                         random(shape[-1:], weight_dtype, "cuda", requires_grad=True)])
 
 
 # ---------------------------------------------------------------------------- nn.RMSNorm

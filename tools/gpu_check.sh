@@ -4,7 +4,7 @@
 # benchmark; logs under $OUT, a short summary table last.
 #
 #   STAGES="build test sanitize bench" ONLY=<families, comma-separated> BENCH_ARGS="--full" \
-#   TEST_FILES_IN_PARALLEL=1 (one pytest process per test file) \
+#   TEST_FILES_IN_PARALLEL=1 (one pytest process per test file, then the big_memory tests) \
 #   BENCH_CASES="<'|'-separated case-name substrings>" \
 #   SANITIZERS="memcheck racecheck initcheck synccheck" bash tools/gpu_check.sh
 #
@@ -56,11 +56,13 @@ if stage test; then
   filter=()
   [ -n "$ONLY" ] && filter=(-k "${ONLY//,/ or }")
   if [ -n "${TEST_FILES_IN_PARALLEL:-}" ]; then
-    # One pytest process per test file, all at once (the suite is mostly CPU-bound); their
+    # One pytest process per test file, all at once (the suite is mostly CPU-bound), then the
+    # big_memory tests (tensors past 2^31 elements, up to 40 GiB each) one at a time; their
     # logs one after another in tests.log, a summary line per file last.
     pids=()
     for f in test/test_*.py; do
-      python3 -m pytest "$f" -q -rfE -p no:logging -p no:cacheprovider "${filter[@]}" > "/tmp/tests_$(basename "$f").log" 2>&1 &
+      python3 -m pytest "$f" -q -rfE -p no:logging -p no:cacheprovider -m "not big_memory" "${filter[@]}" \
+        > "/tmp/tests_$(basename "$f").log" 2>&1 &
       pids+=($!)
     done
     rc=0
@@ -69,6 +71,11 @@ if stage test; then
       [ $r -eq 5 ] && r=0  # no test of this file matched the ONLY filter
       [ $r -gt $rc ] && rc=$r
     done
+    python3 -m pytest test -q -rfEs -p no:logging -p no:cacheprovider -m big_memory "${filter[@]}" \
+      > /tmp/tests_test_big_memory.log 2>&1
+    r=$?
+    [ $r -eq 5 ] && r=0
+    [ $r -gt $rc ] && rc=$r
     : > "$OUT/tests.log"
     for f in /tmp/tests_test_*.log; do { echo "=== $f"; cat "$f"; } >> "$OUT/tests.log"; done
     for f in /tmp/tests_test_*.log; do echo "$(basename "$f" .log): $(tail -1 "$f")"; done >> "$OUT/tests.log"
