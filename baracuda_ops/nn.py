@@ -53,19 +53,14 @@ class RMSNorm(torch.nn.Module):
 
 # ---------------------------------------------------------------------------- embedding_bag
 
-from .ops.embedding_bag import check_supported as _check_embedding_bag_supported  # noqa: E402
 from .ops.embedding_bag import embedding_bag as _embedding_bag  # noqa: E402
 
 
 class EmbeddingBag(torch.nn.EmbeddingBag):
     """Drop-in for ``torch.nn.EmbeddingBag`` (same constructor, ``weight`` parameter,
-    ``from_pretrained`` and state_dict) computed by ``baracuda_ops.embedding_bag``, with a
-    deterministic backward. ``max_norm``, ``scale_grad_by_freq=True`` and ``sparse=True`` raise
-    ``baracuda_ops.UnsupportedError``."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        _check_embedding_bag_supported(self.max_norm, self.scale_grad_by_freq, self.sparse)
+    ``from_pretrained`` and state_dict, ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` as
+    ``torch.nn.functional.embedding_bag`` treats them) computed by ``baracuda_ops.embedding_bag``,
+    with a deterministic backward."""
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         return _embedding_bag(

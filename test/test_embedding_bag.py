@@ -313,16 +313,130 @@ def test_use_deterministic_algorithms(device, mode):
     psw = torch.randn(2000, device=device, requires_grad=True) if mode == "sum" else None
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
+    options = [{}, {"max_norm": 3.0}] + ([] if mode == "max" else [{"scale_grad_by_freq": True}, {"sparse": True}])
     try:
         results = []
         for _ in range(2):
-            out = baracuda_ops.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw)
-            grads = torch.autograd.grad(out.square().sum(), [w] + ([psw] if psw is not None else []))
-            results.append([out] + list(grads))
+            for kwargs in options:
+                wk = w.detach().clone().requires_grad_()  # max_norm changes it in place
+                out = baracuda_ops.embedding_bag(idx, wk, off, mode=mode, per_sample_weights=psw, **kwargs)
+                grads = torch.autograd.grad(out.square().sum(), [wk] + ([psw] if psw is not None else []))
+                results.append([out] + [g.to_dense() for g in grads])
     finally:
         torch.use_deterministic_algorithms(before)
-    for x, y in zip(*results):
-        assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+    half = len(results) // 2
+    for first, second in zip(results[:half], results[half:]):
+        for x, y in zip(first, second):
+            assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+# ---------------------------------------------------------------------------- max_norm, scale_grad_by_freq, sparse
+
+
+def _with_torch(idx, w0, off, **kwargs):
+    """F.embedding_bag and ours on copies of w0 (max_norm changes them in place): outputs, the
+    weights after the call, and the gradients of a fixed function of the output w.r.t. the weight
+    (and per_sample_weights when given)."""
+    psw = kwargs.pop("per_sample_weights", None)
+    results = []
+    for fn in (F.embedding_bag, baracuda_ops.embedding_bag):
+        w = w0.detach().clone().requires_grad_()
+        p = None if psw is None else psw.detach().clone().requires_grad_()
+        out = fn(idx, w, off, per_sample_weights=p, **kwargs)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum(),
+                                    [w] + ([p] if p is not None else []))
+        results.append((out, w.detach(), grads))
+    return results
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_max_norm_renormalises_like_F(device, mode, norm_type):
+    # The rows the indices name (the padding row too, as PyTorch) are scaled to max_norm in place
+    # by torch.embedding_renorm_ first; the output and gradients then follow from the new rows.
+    idx, off = make_bags(device)
+    w0 = torch.randn(25, 12, device=device) * 2
+    (ref, ref_w, ref_g), (out, w, g) = _with_torch(idx, w0, off, mode=mode, max_norm=1.5, norm_type=norm_type,
+                                                   padding_idx=idx[7].item())
+    torch.testing.assert_close(w, ref_w, rtol=0, atol=0)
+    assert not torch.equal(w, w0)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g[0], ref_g[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_scale_grad_by_freq_matches_F(device, mode, dtype):
+    # Row r's gradient divided by how often r occurs in the indices (all of them, padding
+    # included, as PyTorch counts), on skewed indices so that counts reach the hundreds; against
+    # F.embedding_bag in float64 on CPU.
+    idx = skewed_indices(1500, 40, device)
+    off = torch.arange(0, 1500, 11, device=device)
+    w0 = torch.randn(40, 16, device=device, dtype=dtype)
+    psw = torch.randn(1500, device=device, dtype=dtype) if mode == "sum" else None
+    for padding_idx in (None, 7):
+        kwargs = dict(mode=mode, scale_grad_by_freq=True, padding_idx=padding_idx, per_sample_weights=psw)
+        (_, _, ref_g), _ = _with_torch(idx.cpu(), w0.cpu().double(), off.cpu(),
+                                       **{**kwargs, "per_sample_weights": None if psw is None else psw.cpu().double()})
+        _, (out, _, g) = _with_torch(idx, w0, off, **kwargs)
+        for a, b in zip(g, ref_g, strict=True):
+            assert a.dtype == dtype and a.layout == torch.strided
+            assert_close(a, b, dtype=dtype, scale=16)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_sparse_grad_matches_F(device, mode, dtype):
+    # A sparse COO gradient with F.embedding_bag's entries (a row per non-padding position, in
+    # position order, not coalesced) and values; per_sample_weights' gradient stays dense.
+    cases = [(make_bags(device), {}), (make_bags(device), {"include_last_offset": True}),
+             ((torch.randint(0, 25, (6, 4), device=device), None), {})]
+    for (idx, off), extra in cases:
+        idx[..., 1] = 3  # the padding row occurs
+        w0 = torch.randn(25, 12, device=device, dtype=dtype)
+        psw = torch.randn(idx.shape, device=device, dtype=dtype) if mode == "sum" else None
+        for padding_idx in (None, 3):
+            kwargs = dict(mode=mode, sparse=True, padding_idx=padding_idx, per_sample_weights=psw, **extra)
+            (ref, _, ref_g), (out, _, g) = _with_torch(idx, w0, off, **kwargs)
+            assert_close(out, ref, dtype=dtype, scale=4)
+            assert g[0].layout == ref_g[0].layout == torch.sparse_coo and not g[0].is_coalesced()
+            assert torch.equal(g[0]._indices(), ref_g[0]._indices())
+            assert_close(g[0]._values(), ref_g[0]._values(), dtype=dtype)
+            for a, b in zip(g[1:], ref_g[1:], strict=True):
+                assert a.layout == torch.strided
+                assert_close(a, b, dtype=dtype, scale=4)
+
+
+def test_sparse_with_scale_grad_by_freq_raises_in_backward(device):
+    # As F.embedding_bag: the forward runs, the backward refuses.
+    idx, off = make_bags(device)
+    w = torch.randn(25, 4, device=device, requires_grad=True)
+    out = baracuda_ops.embedding_bag(idx, w, off, mode="sum", sparse=True, scale_grad_by_freq=True)
+    assert_close(out, F.embedding_bag(idx, w, off, mode="sum"), dtype=torch.float32, scale=4)
+    with pytest.raises(baracuda_ops.UnsupportedError, match="scale_grad_by_freq is not supported with sparse"):
+        out.sum().backward()
+
+
+def test_gradient_options_compile(device):
+    # max_norm and scale_grad_by_freq: fullgraph, dynamic. sparse=True: Dynamo cannot hold the
+    # sparse gradient of our autograd.Function (F.embedding_bag's comes from ATen), so it breaks
+    # the graph there: compiled without fullgraph, the same values as eager.
+    idx, off = make_bags(device)
+    for kwargs in ({"max_norm": 1.0, "mode": "mean"}, {"scale_grad_by_freq": True, "mode": "sum", "padding_idx": 3}):
+        def fn(w, i, o):
+            return baracuda_ops.embedding_bag(i, w * 2, o, **kwargs).sin()
+
+        check_compile_matches_eager(fn, [torch.randn(25, 8, device=device, requires_grad=True), idx, off])
+
+    def sparse_fn(w, i, o):
+        return baracuda_ops.embedding_bag(i, w, o, mode="mean", sparse=True, padding_idx=3).sin()
+
+    w = torch.randn(25, 8, device=device, requires_grad=True)
+    torch._dynamo.reset()
+    (compiled,) = torch.autograd.grad(torch.compile(sparse_fn, dynamic=True)(w, idx, off).sum(), w)
+    (eager,) = torch.autograd.grad(sparse_fn(w, idx, off).sum(), w)
+    assert torch.equal(compiled._indices(), eager._indices())
+    torch.testing.assert_close(compiled._values(), eager._values(), rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------- Plan API
@@ -491,9 +605,17 @@ def test_module_is_drop_in(device):
     m(idx, off, psw).sum().backward()
     r(idx, off, psw).sum().backward()
     torch.testing.assert_close(m.weight.grad, r.weight.grad, rtol=1e-5, atol=1e-5)
-    for kwargs in ({"sparse": True}, {"scale_grad_by_freq": True}, {"max_norm": 1.0}):
-        with pytest.raises(baracuda_ops.UnsupportedError):
-            baracuda_ops.nn.EmbeddingBag(10, 3, **kwargs)
+    # max_norm, scale_grad_by_freq and sparse reach the functional (tested there).
+    for kwargs in ({"sparse": True}, {"scale_grad_by_freq": True}, {"max_norm": 0.5, "norm_type": 1.0}):
+        torch.manual_seed(1)
+        ref = torch.nn.EmbeddingBag(30, 6, mode="sum", padding_idx=2, **kwargs).to(device)
+        ours = baracuda_ops.nn.EmbeddingBag(30, 6, mode="sum", padding_idx=2, **kwargs).to(device)
+        ours.load_state_dict(ref.state_dict())
+        ours(idx, off).square().sum().backward()
+        ref(idx, off).square().sum().backward()
+        torch.testing.assert_close(ours.weight, ref.weight, rtol=0, atol=0)  # max_norm renormalised in place alike
+        assert ours.weight.grad.layout == ref.weight.grad.layout
+        torch.testing.assert_close(ours.weight.grad.to_dense(), ref.weight.grad.to_dense(), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------- past 2^31 elements
@@ -685,16 +807,13 @@ baracuda::embedding_bag_per_sample_weights_backward.out(Tensor grad, Tensor weig
         self.assertExpectedRaisesInline(
             ValueError, lambda: torch.ops.baracuda.embedding_bag(self.w, self.idx, self.off, 3), """baracuda::embedding_bag: mode must be 0 (sum), 1 (mean) or 2 (max), got 3""")
 
-    def test_unsupported_options(self):
+    def test_options_max_mode_refuses(self):
         self.assertExpectedRaisesInline(
-            baracuda_ops.UnsupportedError,
-            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, max_norm=1.0), """baracuda::embedding_bag: max_norm is not supported (it renormalises weight in place); call torch.embedding_renorm_ under torch.no_grad() first, or pass max_norm=None""")
+            ValueError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, mode="max", sparse=True), """baracuda::embedding_bag: max mode does not support sparse weights""")
         self.assertExpectedRaisesInline(
-            baracuda_ops.UnsupportedError,
-            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, sparse=True), """baracuda::embedding_bag: sparse=True is not supported; the gradient is dense""")
-        self.assertExpectedRaisesInline(
-            baracuda_ops.UnsupportedError,
-            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, scale_grad_by_freq=True), """baracuda::embedding_bag: scale_grad_by_freq=True is not supported""")
+            ValueError,
+            lambda: baracuda_ops.embedding_bag(self.idx, self.w, self.off, mode="max", scale_grad_by_freq=True), """baracuda::embedding_bag: max mode does not support scaling the gradient by the frequency""")
 
     def test_backward_errors(self):
         _, o2b, bag_size, mp = torch.ops.baracuda.embedding_bag(self.w, self.idx, self.off, 2, None, False, -1)

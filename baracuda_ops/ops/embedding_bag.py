@@ -22,13 +22,17 @@ position order — on CUDA with fixed chunk/group partials for very frequent row
 bit-identical run to run in every mode, including max.
 
 Bad values. On CPU an out-of-range or negative index (other than a valid padding_idx) raises
-IndexError, offsets that do not start at 0, decrease or pass the number of indices raise
-ValueError, before anything is written. On CUDA checking values would need a host sync, so the
+IndexError, offsets that do not start at 0, decrease or pass the number of indices (or, with
+include_last_offset, end short of it) raise ValueError, before anything is written. On CUDA checking values would need a host sync, so the
 kernels instead never read or write out of bounds and *flag* the bag: a bag holding an
 out-of-range index, or whose offsets break those rules, gets NaN in its whole output row and
 ``bag_size == -1`` (its valid entries still reach the gradient). The CUDA context stays usable
 (no device-side assert). ``torch.isnan(out).any()`` or ``(bag_size < 0).any()`` detects it when
 the caller chooses to sync.
+
+The functional form takes every argument of F.embedding_bag: ``max_norm`` through
+``torch.embedding_renorm_``, ``sparse`` and ``scale_grad_by_freq`` through an autograd.Function
+(``_WithGradientOptions``) over the same op.
 """
 
 from __future__ import annotations
@@ -80,19 +84,6 @@ def _normalize_padding_idx(padding_idx: int | None, num_embeddings) -> int:
     return padding_idx + num_embeddings if padding_idx < 0 else padding_idx
 
 
-def check_supported(max_norm, scale_grad_by_freq: bool, sparse: bool) -> None:
-    """The options of F.embedding_bag this package does not implement raise UnsupportedError."""
-    if max_norm is not None:
-        raise UnsupportedError(
-            "baracuda::embedding_bag: max_norm is not supported (it renormalises weight in place); "
-            "call torch.embedding_renorm_ under torch.no_grad() first, or pass max_norm=None"
-        )
-    if scale_grad_by_freq:
-        raise UnsupportedError("baracuda::embedding_bag: scale_grad_by_freq=True is not supported")
-    if sparse:
-        raise UnsupportedError("baracuda::embedding_bag: sparse=True is not supported; the gradient is dense")
-
-
 def embedding_bag(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -106,14 +97,19 @@ def embedding_bag(
     include_last_offset: bool = False,
     padding_idx: int | None = None,
 ) -> torch.Tensor:
-    """Same result as ``torch.nn.functional.embedding_bag``; differentiable w.r.t. ``weight`` and
-    ``per_sample_weights``, with a deterministic backward in every mode."""
+    """Same result and gradients as ``torch.nn.functional.embedding_bag``, every argument included;
+    differentiable w.r.t. ``weight`` and ``per_sample_weights``, with a deterministic backward.
+
+    As F.embedding_bag: ``max_norm`` first renormalises, in place, the rows of ``weight`` that
+    ``input`` names (``torch.embedding_renorm_`` under no_grad); ``sparse=True`` gives ``weight`` a
+    sparse COO gradient, one row per non-padding position, not coalesced; ``scale_grad_by_freq=True``
+    divides row ``r`` of the dense gradient by the number of times ``r`` occurs in ``input``
+    (PyTorch divides each term, this divides each row's sum: the same up to rounding)."""
     mode_enum = _mode_enum(mode)
     if mode_enum == 2 and scale_grad_by_freq:
         raise ValueError("baracuda::embedding_bag: max mode does not support scaling the gradient by the frequency")
     if mode_enum == 2 and sparse:
         raise ValueError("baracuda::embedding_bag: max mode does not support sparse weights")
-    check_supported(max_norm, scale_grad_by_freq, sparse)
     if weight.dim() != 2:
         raise ValueError(
             f"baracuda::embedding_bag: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}"
@@ -121,10 +117,13 @@ def embedding_bag(
     pad = _normalize_padding_idx(padding_idx, weight.shape[0])
     if input.dim() == 2:
         include_last_offset = False  # F.embedding_bag ignores it for 2-D input
-    out, _, _, _ = torch.ops.baracuda.embedding_bag(
-        weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad
-    )
-    return out
+    if max_norm is not None:
+        with torch.no_grad():
+            torch.embedding_renorm_(weight, input.reshape(-1), max_norm, norm_type)
+    args = (weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad)
+    if sparse or scale_grad_by_freq:
+        return _WithGradientOptions.apply(*args, sparse, scale_grad_by_freq)[0]
+    return torch.ops.baracuda.embedding_bag(*args)[0]
 
 
 # --------------------------------------------------------------------------- fakes
@@ -227,20 +226,87 @@ def _setup_context(ctx, inputs, output):
                           weight if needs_psw_grad else None)
 
 
-def _backward(ctx, grad_output, _grad_offset2bag, _grad_bag_size, _grad_max_positions):
+def _gradients(ctx, grad_output, sparse: bool = False, scale_grad_by_freq: bool = False):
+    """(grad_weight, grad_per_sample_weights) from what _setup_context saved; grad_weight dense, or
+    with F.embedding_bag's sparse=True / scale_grad_by_freq=True gradient."""
     indices, offset2bag, bag_size, max_positions, per_sample_weights, weight = ctx.saved_tensors
     grad_weight = grad_psw = None
     if ctx.needs_input_grad[0]:
-        grad_weight = torch.ops.baracuda.embedding_bag_backward(
-            grad_output, indices, offset2bag, bag_size, max_positions, ctx.num_weights, ctx.mode,
-            per_sample_weights, ctx.padding_idx,
-        )
+        if sparse:
+            if scale_grad_by_freq:
+                raise UnsupportedError("baracuda::embedding_bag: scale_grad_by_freq is not supported with sparse "
+                                       "gradients (nor by PyTorch)")
+            grad_weight = _sparse_grad_weight(grad_output, indices, offset2bag, bag_size, ctx.num_weights, ctx.mode,
+                                              per_sample_weights, ctx.padding_idx)
+        else:
+            grad_weight = torch.ops.baracuda.embedding_bag_backward(
+                grad_output, indices, offset2bag, bag_size, max_positions, ctx.num_weights, ctx.mode,
+                per_sample_weights, ctx.padding_idx,
+            )
+            if scale_grad_by_freq:
+                grad_weight = _divided_by_frequency(grad_weight, indices)
     # needs_input_grad covers only the arguments the call passed (defaults may be left out).
     if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4]:
         grad_psw = torch.ops.baracuda.embedding_bag_per_sample_weights_backward(
             grad_output, weight, indices, offset2bag, ctx.mode, ctx.padding_idx
         )
+    return grad_weight, grad_psw
+
+
+def _backward(ctx, grad_output, _grad_offset2bag, _grad_bag_size, _grad_max_positions):
+    grad_weight, grad_psw = _gradients(ctx, grad_output)
     return grad_weight, None, None, None, grad_psw, None, None
+
+
+def _sparse_grad_weight(grad, indices, offset2bag, bag_size, num_weights, mode, per_sample_weights, padding_idx):
+    """F.embedding_bag's sparse gradient: an uncoalesced COO tensor with, for each position i
+    (but padding), row indices[i] and value grad[bag_i] (times per_sample_weights[i] in sum mode,
+    times 1 / bag_size in mean mode, as PyTorch rounds it). Positions that a CUDA forward flagged
+    (an index out of range, or in no bag) are left out, as the dense backward leaves them."""
+    rows = indices.reshape(-1)
+    keep = (offset2bag >= 0) & (rows >= 0) & (rows < num_weights) & (rows != padding_idx)
+    rows, bags = rows[keep], offset2bag[keep]
+    if per_sample_weights is not None:
+        per_sample_weights = per_sample_weights.reshape(-1)[keep]
+    values = grad.index_select(0, bags)
+    if mode == 1:
+        values = values * (1 / bag_size.to(grad.dtype)).index_select(0, bags).unsqueeze(1)
+    if per_sample_weights is not None:
+        values = values * per_sample_weights.reshape(-1, 1)
+    # The aten op (as PyTorch's own sparse backward), which torch.compile traces.
+    return torch.ops.aten._sparse_coo_tensor_unsafe(rows.long().unsqueeze(0), values, [num_weights, grad.shape[1]])
+
+
+def _divided_by_frequency(grad_weight, indices):
+    """Row r of grad_weight divided by the number of times r occurs in indices (rows that never
+    occur are zero already), in the accumulation type, rounded once."""
+    flat = indices.reshape(-1).long()
+    counts = torch.zeros(grad_weight.shape[0], dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
+    acc = torch.float64 if grad_weight.dtype == torch.float64 else torch.float32
+    return (grad_weight.to(acc) / counts.clamp(min=1).to(acc).unsqueeze(1)).to(grad_weight.dtype)
+
+
+class _WithGradientOptions(torch.autograd.Function):
+    """baracuda::embedding_bag (the same seven arguments) whose weight gradient follows
+    F.embedding_bag's ``sparse`` and ``scale_grad_by_freq`` (the two trailing arguments)."""
+
+    @staticmethod
+    def forward(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx, sparse,
+                scale_grad_by_freq):
+        return torch.ops.baracuda.embedding_bag(weight, indices, offsets, bag_mode, per_sample_weights,
+                                                include_last_offset, padding_idx)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs[:7], output)
+        ctx.sparse, ctx.scale_grad_by_freq = inputs[7:]
+        ctx.mark_non_differentiable(*output[1:])
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_offset2bag, _grad_bag_size, _grad_max_positions):
+        grad_weight, grad_psw = _gradients(ctx, grad_output, ctx.sparse, ctx.scale_grad_by_freq)
+        return grad_weight, None, None, None, grad_psw, None, None, None, None
 
 
 def _no_double_backward(op: str):
