@@ -22,8 +22,8 @@ position order — on CUDA with fixed chunk/group partials for very frequent row
 bit-identical run to run in every mode, including max.
 
 Bad values. On CPU an out-of-range or negative index (other than a valid padding_idx) raises
-IndexError, offsets that do not start at 0, decrease or pass the number of indices (or, with
-include_last_offset, end short of it) raise ValueError, before anything is written. On CUDA checking values would need a host sync, so the
+IndexError, offsets that do not start at 0, decrease or pass the number of indices raise
+ValueError, before anything is written. On CUDA checking values would need a host sync, so the
 kernels instead never read or write out of bounds and *flag* the bag: a bag holding an
 out-of-range index, or whose offsets break those rules, gets NaN in its whole output row and
 ``bag_size == -1`` (its valid entries still reach the gradient). The CUDA context stays usable

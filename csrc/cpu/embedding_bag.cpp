@@ -28,9 +28,8 @@ void check_index_values(const char* op, const index_t* idx, int64_t n, int64_t n
 }
 
 template <typename index_t>
-void check_offset_values(const index_t* off, const BagGeometry& g) {
+void check_offset_values(const index_t* off, int64_t num_offsets, int64_t num_indices) {
   const char* op = kEmbeddingBagOp;
-  const int64_t num_offsets = g.num_offsets, num_indices = g.num_indices;
   for (int64_t b = 0; b < num_offsets; ++b) {
     const int64_t o = static_cast<int64_t>(off[b]);
     if (b == 0) {
@@ -42,11 +41,6 @@ void check_offset_values(const index_t* off, const BagGeometry& g) {
     TORCH_CHECK_VALUE(o <= num_indices, op, ": offsets[", b, "] = ", o, " is past the end of indices (", num_indices,
                       " indices)");
   }
-  // include_last_offset (one offset more than bags): the last offset closes the last bag at N.
-  TORCH_CHECK_VALUE(num_offsets != g.num_bags + 1 || g.num_bags == 0 || static_cast<int64_t>(off[num_offsets - 1]) == num_indices, op,
-                    ": with include_last_offset the last offset must equal the number of indices (", num_indices,
-                    "), got offsets[", num_offsets - 1, "] = ", static_cast<int64_t>(off[num_offsets - 1]),
-                    " (PyTorch's CPU and CUDA kernels disagree on the bags of such input)");
 }
 
 void check_bag_values(const char* op, const int64_t* offset2bag, int64_t n, int64_t num_bags) {
@@ -112,7 +106,7 @@ void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
     for (int64_t b = bag_begin; b < bag_end; ++b) {
       int64_t begin, end;
       bool bad;
-      bag_range(offsets, g, b, begin, end, bad);
+      bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
       int64_t count = 0;
       for (int64_t i = begin; i < end; ++i) {
         offset2bag[i] = b;
@@ -185,7 +179,7 @@ void embedding_bag_out_cpu(const at::Tensor& weight, const at::Tensor& indices_i
     const index_t* idx = indices.const_data_ptr<index_t>();
     const index_t* off = offsets.has_value() ? offsets->const_data_ptr<index_t>() : nullptr;
     check_index_values(kEmbeddingBagOp, idx, g.num_indices, g.num_weights);
-    if (off != nullptr) check_offset_values(off, g);
+    if (off != nullptr) check_offset_values(off, g.num_offsets, g.num_indices);
     BARACUDA_DISPATCH_FLOATING(weight.scalar_type(), "embedding_bag_cpu", [&] {
       bag_forward<scalar_t, acc_t, index_t>(
           w.const_data_ptr<scalar_t>(), idx, off, psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, g,

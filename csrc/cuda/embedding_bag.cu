@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (b >= g.num_bags) return;
   int64_t begin, end;
   bool bad;
-  bag_range(offsets, g, b, begin, end, bad);
+  bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
   for (int64_t i = begin + lane; i < end; i += team) offset2bag[i] = b;
   if (b == 0) {
     for (int64_t i = lane; i < begin; i += team) offset2bag[i] = -1;

@@ -12,8 +12,7 @@
 //   max_positions [B, D] int64 (max mode, else [0]): the position i that gave out[b, d], -1 if none.
 // Bags: 2-D indices [B, L] give begin_b = b L, end_b = begin_b + L. 1-D indices with offsets give
 // begin_b = offsets[b], end_b = offsets[b + 1] (or N for the last bag unless include_last_offset,
-// where B = len(offsets) - 1 and the last bag ends at offsets[B], which must be N: PyTorch's
-// kernels disagree on the bags of other input, so it is rejected like any bad offset).
+// where B = len(offsets) - 1 and the last bag ends at offsets[B]).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -147,25 +146,22 @@ inline void promote_indices_and_offsets(at::Tensor& indices, c10::optional<at::T
 }
 
 // Bag b's position range, clamped into [0, N]. `bad` reports offsets that
-// break the rules (offsets[0] == 0, non-decreasing, <= N, and with
-// include_last_offset the last one == N); the CPU path checks them up front,
-// the CUDA path flags the bag.
+// break the rules (offsets[0] == 0, non-decreasing, <= N); the CPU path checks
+// them up front, the CUDA path flags the bag.
 template <typename OffsetT>
-C10_HOST_DEVICE inline void bag_range(const OffsetT* offsets, const BagGeometry& g, int64_t b, int64_t& begin,
-                                      int64_t& end, bool& bad) {
-  if (g.fixed_len >= 0) {
-    begin = b * g.fixed_len;
-    end = begin + g.fixed_len;
+C10_HOST_DEVICE inline void bag_range(const OffsetT* offsets, int64_t b, int64_t num_offsets, int64_t fixed_len,
+                                      int64_t num_indices, int64_t& begin, int64_t& end, bool& bad) {
+  if (fixed_len >= 0) {
+    begin = b * fixed_len;
+    end = begin + fixed_len;
     bad = false;
     return;
   }
-  const int64_t n = g.num_indices;
   const int64_t raw_begin = static_cast<int64_t>(offsets[b]);
-  const int64_t raw_end = b + 1 < g.num_offsets ? static_cast<int64_t>(offsets[b + 1]) : n;
-  bad = raw_begin < 0 || raw_begin > raw_end || raw_end > n || (b == 0 && raw_begin != 0) ||
-        (b == g.num_bags - 1 && raw_end != n);
-  begin = raw_begin < 0 ? 0 : (raw_begin > n ? n : raw_begin);
-  end = raw_end < begin ? begin : (raw_end > n ? n : raw_end);
+  const int64_t raw_end = b + 1 < num_offsets ? static_cast<int64_t>(offsets[b + 1]) : num_indices;
+  bad = raw_begin < 0 || raw_begin > raw_end || raw_end > num_indices || (b == 0 && raw_begin != 0);
+  begin = raw_begin < 0 ? 0 : (raw_begin > num_indices ? num_indices : raw_begin);
+  end = raw_end < begin ? begin : (raw_end > num_indices ? num_indices : raw_end);
 }
 
 // Shapes, dtypes and devices of a backward call.
