@@ -273,16 +273,19 @@ def _sparse_grad_weight(grad, indices, offset2bag, bag_size, num_weights, mode, 
         values = values * (1 / bag_size.to(grad.dtype)).index_select(0, bags).unsqueeze(1)
     if per_sample_weights is not None:
         values = values * per_sample_weights.reshape(-1, 1)
-    # The aten op (as PyTorch's own sparse backward), which torch.compile traces.
+    # Built as PyTorch's own sparse backward builds it (no invariant checks: the rows are in range).
     return torch.ops.aten._sparse_coo_tensor_unsafe(rows.long().unsqueeze(0), values, [num_weights, grad.shape[1]])
 
 
 def _divided_by_frequency(grad_weight, indices):
     """Row r of grad_weight divided by the number of times r occurs in indices (rows that never
-    occur are zero already), in the accumulation type, rounded once."""
+    occur are zero already), in the accumulation type, rounded once. Out-of-range indices (which
+    a CUDA forward flags rather than raises on) count nowhere."""
     flat = indices.reshape(-1).long()
-    counts = torch.zeros(grad_weight.shape[0], dtype=torch.int64, device=flat.device)
-    counts.index_add_(0, flat, torch.ones_like(flat))
+    num_weights = grad_weight.shape[0]
+    valid = (flat >= 0) & (flat < num_weights)
+    counts = torch.zeros(num_weights, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat.clamp(0, max(num_weights - 1, 0)), valid.long())
     acc = torch.float64 if grad_weight.dtype == torch.float64 else torch.float32
     return (grad_weight.to(acc) / counts.clamp(min=1).to(acc).unsqueeze(1)).to(grad_weight.dtype)
 
