@@ -6,7 +6,7 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison,
+                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, outputs_and_grads, poison,
                      require_free_gpu_memory)
 
 MODES = ("sum", "mean", "max")
@@ -361,10 +361,8 @@ def _run(fn, idx, w0, off, per_sample_weights=None, **kwargs):
     weight after the call, and the gradients of a fixed function of the output w.r.t. the weight
     (and per_sample_weights when given)."""
     w = w0.detach().clone().requires_grad_()
-    p = None if per_sample_weights is None else per_sample_weights.detach().clone().requires_grad_()
-    out = fn(idx, w, off, per_sample_weights=p, **kwargs)
-    grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum(),
-                                [w] + ([p] if p is not None else []))
+    psw = [] if per_sample_weights is None else [per_sample_weights.detach().clone().requires_grad_()]
+    out, *grads = outputs_and_grads(lambda w, p=None: fn(idx, w, off, per_sample_weights=p, **kwargs), [w] + psw)
     return out, w.detach(), grads
 
 
