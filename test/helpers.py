@@ -1,9 +1,10 @@
-"""Shared test helpers: opcheck runner, references and tolerances, compile, export,
+"""Shared test helpers: opcheck runner, references and tolerances, compile, export, torch.func,
 CUDA-graph and second-GPU checks."""
 
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Callable, Sequence
 
 import pytest
@@ -97,6 +98,37 @@ def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], ex
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         else:
             assert_close(a, b)
+
+
+def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tensor], batch: int = 3) -> None:
+    """fn's gradients under torch.func equal autograd's, bit for bit (the same kernels on the
+    same values): ``grad`` of the sum of fn's output and ``vjp`` with a random cotangent, with
+    respect to every input; and per-sample gradients, ``vmap`` of ``grad`` over a batch of
+    `batch` variants of the first input (the others shared), against autograd on each variant
+    (under vmap PyTorch runs an op without a batching rule once per sample, with a warning)."""
+    inputs = [x.detach() for x in inputs]
+
+    def autograd(args, cotangent=None):
+        leaves = [x.clone().requires_grad_() for x in args]
+        out = fn(*leaves)
+        return torch.autograd.grad(out, leaves, torch.ones_like(out) if cotangent is None else cotangent)
+
+    def same(got, want):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    argnums = tuple(range(len(inputs)))
+    same(torch.func.grad(lambda *a: fn(*a).sum(), argnums=argnums)(*inputs), autograd(inputs))
+    out, vjp_fn = torch.func.vjp(fn, *inputs)
+    cotangent = torch.randn_like(out)
+    same(vjp_fn(cotangent), autograd(inputs, cotangent))
+    first = torch.stack([inputs[0] * (1 + k) for k in range(batch)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the per-sample fallback's performance warning
+        per_sample = torch.func.vmap(torch.func.grad(lambda *a: fn(*a).sum(), argnums=argnums),
+                                     in_dims=(0,) + (None,) * (len(inputs) - 1))(first, *inputs[1:])
+    want = [autograd([first[k], *inputs[1:]]) for k in range(batch)]
+    same(per_sample, [torch.stack([w[i] for w in want]) for i in range(len(inputs))])
 
 
 class _Wrap(torch.nn.Module):

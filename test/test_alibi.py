@@ -7,7 +7,7 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.alibi import reference, reference_slope_grad
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
                      require_free_gpu_memory)
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
@@ -268,6 +268,14 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
 
     check_compile_matches_eager(_alibi_twice, inputs((2, 3, 4, 8)))
     check_compile_matches_eager(_alibi_twice, inputs((1, 4, 5, 7)))
+
+
+def test_torch_func_grad_vjp_and_per_sample_grads(device):
+    # Per-sample gradients over the slopes (the scores shared), then over the scores.
+    scores = random((2, 3, 4, 5), torch.float64, device)
+    slopes = random((3,), torch.float64, device)
+    check_torch_func_matches_autograd(lambda s, x: baracuda_ops.alibi(x, s), [slopes, scores])
+    check_torch_func_matches_autograd(lambda x, s: baracuda_ops.alibi(x[None], s)[0], [scores[0], slopes])
 
 
 def test_export_dynamic_matches_eager(device):

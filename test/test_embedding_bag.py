@@ -6,7 +6,7 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, outputs_and_grads, poison,
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, outputs_and_grads, poison,
                      require_free_gpu_memory)
 
 MODES = ("sum", "mean", "max")
@@ -228,6 +228,18 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
         w = torch.randn(20, 16, device=device, requires_grad=True)
         psw = torch.randn(n_idx, device=device, requires_grad=True)
         check_compile_matches_eager(fn, [w, psw, idx, torch.tensor(offsets, device=device)])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_func_grad_vjp_and_per_sample_grads(device, mode):
+    # Per-sample gradients over the weight, and (sum mode) over per_sample_weights.
+    idx, off = make_bags(device)
+    w = torch.randn(25, 6, dtype=torch.float64, device=device)
+    check_torch_func_matches_autograd(lambda w: baracuda_ops.embedding_bag(idx, w, off, mode=mode), [w])
+    if mode == "sum":
+        psw = torch.randn(40, dtype=torch.float64, device=device)
+        check_torch_func_matches_autograd(
+            lambda p, w: baracuda_ops.embedding_bag(idx, w, off, mode="sum", per_sample_weights=p), [psw, w])
 
 
 def test_export_dynamic_matches_eager(device):

@@ -8,7 +8,7 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
                      require_free_gpu_memory)
 
 
@@ -610,6 +610,17 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
                                      random((2, 3, 5, 6, 4), torch.float32, device, requires_grad=True)])
     check_compile_matches_eager(fn, [random((2, 3, 11, 7), torch.float32, device, requires_grad=True),
                                      random((2, 3, 6, 5, 5), torch.float32, device, requires_grad=True)])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_torch_func_grad_vjp_and_per_sample_grads(device, dims):
+    # Twice (the backward's backward is a gather): vjp of grad as well.
+    pool = baracuda_ops.fractional_max_pool2d if dims == 2 else baracuda_ops.fractional_max_pool3d
+    samples = torch.rand(1, 3, dims, dtype=torch.float64, device=device)
+    x = random((3,) + (7,) * dims, torch.float64, device)
+    check_torch_func_matches_autograd(lambda x: pool(x, 2, output_size=4, _random_samples=samples), [x])
+    check_torch_func_matches_autograd(
+        lambda x: torch.func.grad(lambda y: pool(y, 2, output_size=4, _random_samples=samples).pow(3).sum())(x), [x])
 
 
 def test_export_dynamic_matches_eager(device):

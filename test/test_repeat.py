@@ -6,7 +6,7 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
                      require_free_gpu_memory)
 
 # (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
@@ -121,6 +121,14 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
 
     check_compile_matches_eager(fn, [random((4, 6), torch.float32, device, requires_grad=True)])
     check_compile_matches_eager(fn, [random((5, 3), torch.float32, device, requires_grad=True)])
+
+
+def test_torch_func_grad_vjp_and_per_sample_grads(device):
+    # Twice: repeat's backward is repeat_backward, whose backward is repeat.
+    check_torch_func_matches_autograd(lambda x: baracuda_ops.repeat(x, (2, 1, 3)), [random((4, 5), torch.float64, device)])
+    check_torch_func_matches_autograd(
+        lambda x: torch.func.grad(lambda y: (baracuda_ops.repeat(y, (2, 3)) ** 3).sum())(x),
+        [random((4, 5), torch.float64, device)])
 
 
 def test_export_dynamic_matches_eager(device):

@@ -7,7 +7,7 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
                      require_free_gpu_memory)
 
 HALF = (torch.float16, torch.bfloat16)
@@ -399,6 +399,14 @@ def test_compile_module_matches_eager(device):
             eager = [p.grad.clone() for p in model.parameters()]
     for a, p in zip(eager, model.parameters()):
         assert_close(p.grad, a)
+
+
+def test_torch_func_grad_vjp_and_per_sample_grads(device):
+    # torch.func cannot transform ops whose autograd torch.library.register_autograd made
+    # (pytorch#168393); the functional goes through an autograd.Function it can (baracuda_ops._autograd).
+    check_torch_func_matches_autograd(lambda x, w: baracuda_ops.rms_norm(x, (3, 8), w),
+                                      [random((4, 3, 8), torch.float64, device), random((3, 8), torch.float64, device)])
+    check_torch_func_matches_autograd(lambda x: baracuda_ops.rms_norm(x, 8), [random((5, 8), torch.float32, device)])
 
 
 def test_export_dynamic_matches_eager(device):

@@ -30,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from .._autograd import register_autograd
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -49,7 +50,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     """``scores + slopes[h] * (j - i)`` on ``[B, H, Q, K]`` scores; differentiable w.r.t. both."""
-    return torch.ops.baracuda.alibi(scores, slopes)
+    return _Alibi(scores, slopes)
 
 
 def alibi_(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
@@ -136,7 +137,7 @@ def _alibi_autograd(ctx, grad):
     grad_slopes = None
     if need_slopes:
         (slopes,) = ctx.saved_tensors
-        _, grad_slopes = torch.ops.baracuda.alibi_backward(grad, slopes, [False, True])
+        _, grad_slopes = _AlibiBackward(grad, slopes, [False, True])
     return (grad if need_scores else None), grad_slopes
 
 
@@ -154,14 +155,12 @@ def _alibi_backward_autograd(ctx, gg_scores, gg_slopes):
     else:
         if gg_scores is None:
             gg_scores = gg_slopes.new_zeros(ctx.grad_shape, dtype=ctx.grad_dtype)
-        d_grad = torch.ops.baracuda.alibi(gg_scores, gg_slopes)
+        d_grad = _Alibi(gg_scores, gg_slopes)
     return d_grad, None, None
 
 
-torch.library.register_autograd("baracuda::alibi", _alibi_autograd, setup_context=_alibi_setup_context)
-torch.library.register_autograd(
-    "baracuda::alibi_backward", _alibi_backward_autograd, setup_context=_alibi_backward_setup_context
-)
+_Alibi = register_autograd("alibi", _alibi_autograd, _alibi_setup_context)
+_AlibiBackward = register_autograd("alibi_backward", _alibi_backward_autograd, _alibi_backward_setup_context)
 
 
 class _AlibiInplaceFunction(torch.autograd.Function):
@@ -181,7 +180,7 @@ class _AlibiInplaceFunction(torch.autograd.Function):
         grad_slopes = None
         if need_slopes:
             (slopes,) = ctx.saved_tensors
-            _, grad_slopes = torch.ops.baracuda.alibi_backward(grad, slopes, [False, True])
+            _, grad_slopes = _AlibiBackward(grad, slopes, [False, True])
         return None, (grad if need_scores else None), grad_slopes
 
 

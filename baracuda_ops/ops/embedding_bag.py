@@ -42,6 +42,7 @@ from typing import Sequence
 
 import torch
 
+from .._autograd import DifferentiableOp, register_autograd
 from .._plan import (
     InvalidProblemError,
     Plan,
@@ -123,7 +124,7 @@ def embedding_bag(
     args = (weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad)
     if sparse or scale_grad_by_freq:
         return _WithGradientOptions.apply(*args, sparse, scale_grad_by_freq)[0]
-    return torch.ops.baracuda.embedding_bag(*args)[0]
+    return _EmbeddingBag(*args)[0]
 
 
 # --------------------------------------------------------------------------- fakes
@@ -239,7 +240,7 @@ def _gradients(ctx, grad_output, sparse: bool = False, scale_grad_by_freq: bool 
             grad_weight = _sparse_grad_weight(grad_output, indices, offset2bag, bag_size, ctx.num_weights, ctx.mode,
                                               per_sample_weights, ctx.padding_idx)
         else:
-            grad_weight = torch.ops.baracuda.embedding_bag_backward(
+            grad_weight = _EmbeddingBagBackward(
                 grad_output, indices, offset2bag, bag_size, max_positions, ctx.num_weights, ctx.mode,
                 per_sample_weights, ctx.padding_idx,
             )
@@ -247,7 +248,7 @@ def _gradients(ctx, grad_output, sparse: bool = False, scale_grad_by_freq: bool 
                 grad_weight = _divided_by_frequency(grad_weight, indices)
     # needs_input_grad covers only the arguments the call passed (defaults may be left out).
     if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4]:
-        grad_psw = torch.ops.baracuda.embedding_bag_per_sample_weights_backward(
+        grad_psw = _PerSampleWeightsBackward(
             grad_output, weight, indices, offset2bag, ctx.mode, ctx.padding_idx
         )
     return grad_weight, grad_psw
@@ -312,19 +313,19 @@ class _WithGradientOptions(torch.autograd.Function):
         return grad_weight, None, None, None, grad_psw, None, None, None, None
 
 
-def _no_double_backward(op: str):
+def _no_double_backward(op: str) -> DifferentiableOp:
     def setup_context(ctx, inputs, output):
         pass
 
     def backward(ctx, *grads):
         raise NotImplementedError(f"baracuda::{op}: double backward of embedding_bag is not supported")
 
-    torch.library.register_autograd(f"baracuda::{op}", backward, setup_context=setup_context)
+    return register_autograd(op, backward, setup_context)
 
 
-torch.library.register_autograd("baracuda::embedding_bag", _backward, setup_context=_setup_context)
-_no_double_backward("embedding_bag_backward")
-_no_double_backward("embedding_bag_per_sample_weights_backward")
+_EmbeddingBag = register_autograd("embedding_bag", _backward, _setup_context)
+_EmbeddingBagBackward = _no_double_backward("embedding_bag_backward")
+_PerSampleWeightsBackward = _no_double_backward("embedding_bag_per_sample_weights_backward")
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -23,6 +23,7 @@ from typing import ClassVar, Sequence
 import torch
 import torch.nn.functional as F
 
+from .._autograd import DifferentiableOp, register_autograd
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -52,7 +53,7 @@ def _expand(value, dims: int, name: str) -> list:
 
 
 def _functional(dims: int, input, kernel_size, output_size, output_ratio, return_indices, _random_samples):
-    op = getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d")
+    op = _POOL[dims]
     if output_size is None and output_ratio is None:
         raise ValueError(
             f"fractional_max_pool{dims}d requires specifying either an output_size or an output_ratio"
@@ -102,7 +103,7 @@ def _output_shape(op: str, dims: int, input_shape: Sequence, kernel_size: Sequen
     return list(input_shape[: nd - dims]) + list(output_size)
 
 
-def _register(dims: int) -> None:
+def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
     name = f"fractional_max_pool{dims}d"
     bname = f"{name}_backward"
 
@@ -134,7 +135,7 @@ def _register(dims: int) -> None:
 
     def backward(ctx, grad_output, _grad_indices):
         x, indices = ctx.saved_tensors
-        grad_input = getattr(torch.ops.baracuda, bname)(grad_output, x, ctx.kernel_size, ctx.output_size, indices)
+        grad_input = _POOL_BACKWARD[dims](grad_output, x, ctx.kernel_size, ctx.output_size, indices)
         return grad_input, None, None, None
 
     def backward_setup_context(ctx, inputs, output):
@@ -147,12 +148,16 @@ def _register(dims: int) -> None:
         flat = grad_grad_input.flatten(-dims).gather(-1, indices.flatten(-dims))
         return flat.view_as(indices), None, None, None, None
 
-    torch.library.register_autograd(f"baracuda::{name}", backward, setup_context=setup_context)
-    torch.library.register_autograd(f"baracuda::{bname}", double_backward, setup_context=backward_setup_context)
+    return register_autograd(name, backward, setup_context), register_autograd(bname, double_backward,
+                                                                             backward_setup_context)
 
 
-_register(2)
-_register(3)
+# The ops with their autograd, by dims: module globals, which Dynamo can trace a backward through
+# (not closure cells).
+_POOL: dict[int, DifferentiableOp] = {}
+_POOL_BACKWARD: dict[int, DifferentiableOp] = {}
+for _dims in (2, 3):
+    _POOL[_dims], _POOL_BACKWARD[_dims] = _register(_dims)
 
 
 # --------------------------------------------------------------------------- Plan API

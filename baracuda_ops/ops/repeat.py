@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from .._autograd import register_autograd
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
 
 def repeat(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     """Same result as ``x.repeat(*repeats)``; differentiable (twice)."""
-    return torch.ops.baracuda.repeat(x, list(repeats))
+    return _Repeat(x, list(repeats))
 
 
 def _output_shape(op: str, input_shape: Sequence, repeats: Sequence) -> list:
@@ -75,7 +76,7 @@ def _repeat_setup_context(ctx, inputs, output):
 
 
 def _repeat_autograd(ctx, grad):
-    return torch.ops.baracuda.repeat_backward(grad, ctx.repeats, ctx.input_shape), None
+    return _RepeatBackward(grad, ctx.repeats, ctx.input_shape), None
 
 
 def _repeat_backward_setup_context(ctx, inputs, output):
@@ -84,13 +85,11 @@ def _repeat_backward_setup_context(ctx, inputs, output):
 
 
 def _repeat_backward_autograd(ctx, grad_grad_input):
-    return torch.ops.baracuda.repeat(grad_grad_input, ctx.repeats), None, None
+    return _Repeat(grad_grad_input, ctx.repeats), None, None
 
 
-torch.library.register_autograd("baracuda::repeat", _repeat_autograd, setup_context=_repeat_setup_context)
-torch.library.register_autograd(
-    "baracuda::repeat_backward", _repeat_backward_autograd, setup_context=_repeat_backward_setup_context
-)
+_Repeat = register_autograd("repeat", _repeat_autograd, _repeat_setup_context)
+_RepeatBackward = register_autograd("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context)
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -41,6 +41,7 @@ from typing import Sequence
 
 import torch
 
+from .._autograd import register_autograd
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -67,7 +68,7 @@ def rms_norm(
     floating dtype than the op takes is converted first (see ``_kernel_weight``)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return torch.ops.baracuda.rms_norm(x, list(normalized_shape), _kernel_weight(x, weight), eps)[0]
+    return _RMSNorm(x, list(normalized_shape), _kernel_weight(x, weight), eps)[0]
 
 
 def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
@@ -146,7 +147,7 @@ def _rms_norm_autograd(ctx, grad_out, _grad_rstd):
     mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
     if not any(mask):
         return None, None, None, None
-    grad_input, grad_weight = torch.ops.baracuda.rms_norm_backward(grad_out, x, ctx.normalized_shape, rstd, weight, mask)
+    grad_input, grad_weight = _RMSNormBackward(grad_out, x, ctx.normalized_shape, rstd, weight, mask)
     return grad_input, None, grad_weight, None
 
 
@@ -160,10 +161,9 @@ def _rms_norm_backward_autograd(ctx, *grads):
     )
 
 
-torch.library.register_autograd("baracuda::rms_norm", _rms_norm_autograd, setup_context=_rms_norm_setup_context)
-torch.library.register_autograd(
-    "baracuda::rms_norm_backward", _rms_norm_backward_autograd, setup_context=_rms_norm_backward_setup_context
-)
+_RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_context)
+_RMSNormBackward = register_autograd("rms_norm_backward", _rms_norm_backward_autograd,
+                                     _rms_norm_backward_setup_context)
 
 
 # --------------------------------------------------------------------------- Plan API
