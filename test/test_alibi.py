@@ -6,9 +6,9 @@ from expecttest import TestCase
 
 import baracuda_ops
 from baracuda_ops.ops.alibi import reference, reference_slope_grad
-from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
-                     require_free_gpu_memory)
+from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager,
+                     check_cuda_graph_matches_eager, check_export_matches_eager, check_torch_func_matches_autograd,
+                     needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
 # path), Q > K and Q < K, decode (Q = 1), shapes whose slope gradient spreads each

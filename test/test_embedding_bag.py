@@ -6,8 +6,8 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, outputs_and_grads, poison,
-                     require_free_gpu_memory)
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus,
+                     check_second_gpu_matches_first, opcheck, outputs_and_grads, poison, require_free_gpu_memory)
 
 MODES = ("sum", "mean", "max")
 MODE_ENUM = {"sum": 0, "mean": 1, "max": 2}

@@ -6,8 +6,8 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
-                     require_free_gpu_memory)
+                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus,
+                     check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 # (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
 # odd sizes, the benchmark layouts (bias-like, row/column/image tiling, leading expansion).

@@ -6,9 +6,9 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random,
-                     require_free_gpu_memory)
+from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager,
+                     check_cuda_graph_matches_eager, check_export_matches_eager, check_torch_func_matches_autograd,
+                     needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 HALF = (torch.float16, torch.bfloat16)
 
