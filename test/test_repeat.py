@@ -125,7 +125,8 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
 
 def test_torch_func_grad_vjp_and_per_sample_grads(device):
     # Twice: repeat's backward is repeat_backward, whose backward is repeat.
-    check_torch_func_matches_autograd(lambda x: baracuda_ops.repeat(x, (2, 1, 3)), [random((4, 5), torch.float64, device)])
+    check_torch_func_matches_autograd(lambda x: baracuda_ops.repeat(x, (2, 1, 3)),
+                                      [random((4, 5), torch.float64, device)])
     check_torch_func_matches_autograd(
         lambda x: torch.func.grad(lambda y: (baracuda_ops.repeat(y, (2, 3)) ** 3).sum())(x),
         [random((4, 5), torch.float64, device)])
