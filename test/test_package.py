@@ -29,6 +29,23 @@ def test_every_family_is_exported():
         assert hasattr(baracuda_ops.nn, name), name
 
 
+def test_drop_ins_take_torchs_argument_names_and_defaults():
+    # Keyword calls written for torch.nn.functional / torch.nn work unchanged.
+    import inspect
+
+    F = torch.nn.functional
+    pairs = [(baracuda_ops.rms_norm, F.rms_norm), (baracuda_ops.embedding_bag, F.embedding_bag),
+             (baracuda_ops.fractional_max_pool2d, F.fractional_max_pool2d_with_indices),
+             (baracuda_ops.fractional_max_pool3d, F.fractional_max_pool3d_with_indices)]
+    for name in ("RMSNorm", "EmbeddingBag", "FractionalMaxPool2d", "FractionalMaxPool3d"):
+        ours, theirs = getattr(baracuda_ops.nn, name), getattr(torch.nn, name)
+        pairs += [(ours.__init__, theirs.__init__), (ours.forward, theirs.forward)]
+    for ours, theirs in pairs:
+        a, b = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
+        assert list(a) == list(b), (ours, list(a), list(b))
+        assert [p.default for p in a.values()] == [p.default for p in b.values()], ours
+
+
 def test_error_kinds():
     assert issubclass(baracuda_ops.InvalidProblemError, (baracuda_ops.BaracudaError, ValueError))
     assert issubclass(baracuda_ops.UnsupportedError, (baracuda_ops.BaracudaError, NotImplementedError))

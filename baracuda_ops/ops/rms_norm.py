@@ -58,17 +58,17 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def rms_norm(
-    x: torch.Tensor,
+    input: torch.Tensor,
     normalized_shape: Sequence[int] | int,
     weight: torch.Tensor | None = None,
     eps: float | None = None,
 ) -> torch.Tensor:
-    """Same result as ``torch.nn.functional.rms_norm``; differentiable w.r.t. ``x`` and ``weight``
-    (once: a gradient of the gradient raises NotImplementedError). A weight of another
-    floating dtype than the op takes is converted first (see ``_kernel_weight``)."""
+    """Same result (and argument names) as ``torch.nn.functional.rms_norm``; differentiable w.r.t.
+    ``input`` and ``weight`` (once: a gradient of the gradient raises NotImplementedError). A
+    weight of another floating dtype than the op takes is converted first (see ``_kernel_weight``)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return _RMSNorm(x, list(normalized_shape), _kernel_weight(x, weight), eps)[0]
+    return _RMSNorm(input, list(normalized_shape), _kernel_weight(input, weight), eps)[0]
 
 
 def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
