@@ -1,3 +1,4 @@
+import functools
 import math
 
 import pytest
@@ -407,6 +408,35 @@ def test_torch_func_grad_vjp_and_per_sample_grads(device):
     check_torch_func_matches_autograd(lambda x, w: baracuda_ops.rms_norm(x, (3, 8), w),
                                       [random((4, 3, 8), torch.float64, device), random((3, 8), torch.float64, device)])
     check_torch_func_matches_autograd(lambda x: baracuda_ops.rms_norm(x, 8), [random((5, 8), torch.float32, device)])
+
+
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                                (torch.float64, torch.float64)])
+def test_autocast_casts_as_F_does(device, dtype, weight_dtype):
+    # Output and gradients in F.rms_norm's dtypes, eager and compiled: CUDA autocast runs
+    # aten::rms_norm in float32 (float64 left alone) after PyTorch 2.11; 2.11 and CPU autocast
+    # leave it alone.
+    x = random((4, 3, 16), dtype, device, requires_grad=True)
+    w = random((16,), weight_dtype, device, requires_grad=True)
+
+    def run(norm, x, w):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return norm(x, (16,), w)
+
+    want = run(F.rms_norm, x, w)
+    g = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (x, w), g)
+    torch._dynamo.reset()
+    compiled = torch.compile(functools.partial(run, baracuda_ops.rms_norm), fullgraph=True, dynamic=True)
+    for got in (run(baracuda_ops.rms_norm, x, w), compiled(x, w)):
+        assert got.dtype == want.dtype
+        assert_close(got, want.double(), dtype=want.dtype, scale=4)
+        for a, b in zip(torch.autograd.grad(got, (x, w), g), want_grads, strict=True):
+            assert a.dtype == b.dtype
+            assert_close(a, b.double(), dtype=b.dtype, scale=8)
+    autocasts = torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA")
+    assert want.dtype == (torch.float32 if device.type == "cuda" and autocasts and dtype != torch.float64 else dtype)
 
 
 def test_export_dynamic_matches_eager(device):
