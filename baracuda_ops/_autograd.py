@@ -4,11 +4,13 @@
 ``torch.compile`` and ``torch.export``), but through an ``autograd.Function`` that torch.func's
 transforms (``grad``, ``vjp``, ``jacrev``, ``vmap`` of them) refuse: "must override the
 setup_context staticmethod" (open PyTorch issues pytorch#168393, pytorch#170834), so a
-per-sample gradient or a Jacobian through a custom op fails. ``register_autograd`` here
-registers the two functions that way and also returns an ``autograd.Function`` built from them
-with a ``setup_context`` staticmethod. The public functions and the backward formulas call ops
-through ``DifferentiableOp``, which applies that Function under torch.func's transforms (under
-torch.func every op a backward formula calls must be differentiable the torch.func way too).
+per-sample gradient or a Jacobian through a custom op fails; and torch.library has no way to
+give a custom op forward-mode AD (``jvp``, ``jacfwd``, ``torch.autograd.forward_ad``).
+``register_autograd`` here registers the two functions that way and also returns an
+``autograd.Function`` built from them with a ``setup_context`` staticmethod (and the op's
+``jvp``). The public functions, the backward formulas and the jvps call ops through
+``DifferentiableOp``, which applies that Function under torch.func's transforms and forward-mode
+AD (there every op a formula calls must be differentiable the same way).
 Calling the Function from the op's Autograd kernel instead does not work: under torch.func an
 autograd.Function must be applied above the dispatcher.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.autograd import forward_ad
 
 
 class DifferentiableOp:
@@ -28,20 +31,26 @@ class DifferentiableOp:
         self.function = function
 
     def __call__(self, *args):
-        """The op; under torch.func's transforms through its Function. Elsewhere the op itself,
+        """The op; under torch.func's transforms and forward-mode AD (``torch.autograd.forward_ad``,
+        whose tangents only the Function's ``jvp`` carries) through its Function. Elsewhere the op itself,
         with its registered autograd (the same gradients): applying the Function costs about 9
         us more per call on the host, and Dynamo cannot trace an autograd.Function applied
         inside another's backward."""
-        if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()
+                                                  or forward_ad._current_level >= 0):
             return self.function.apply(*args)
         return self.op(*args)
 
 
-def register_autograd(name: str, backward: Callable, setup_context: Callable) -> DifferentiableOp:
+def register_autograd(name: str, backward: Callable, setup_context: Callable,
+                      jvp: Callable | None = None) -> DifferentiableOp:
     """Registers ``backward`` and ``setup_context`` as the autograd of ``torch.ops.baracuda.<name>``
     (as ``torch.library.register_autograd``: ``setup_context(ctx, inputs, output)`` saves what
     ``backward(ctx, *grad_outputs)`` needs, which returns a gradient or None per op input) and
-    returns the op with an autograd.Function built from them."""
+    returns the op with an autograd.Function built from them; with ``jvp(ctx, *input_tangents)``
+    (a tangent or None per output; what it needs saved by setup_context with
+    ``ctx.save_for_forward``) the Function has forward-mode AD too (torch.func.jvp, jacfwd,
+    hessian, torch.autograd.forward_ad), which torch.library cannot register for a custom op."""
     torch.library.register_autograd(f"baracuda::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.baracuda, name).default
 
@@ -62,5 +71,7 @@ def register_autograd(name: str, backward: Callable, setup_context: Callable) ->
         def backward(ctx, *grads):
             return backward(ctx, *grads)
 
+    if jvp is not None:
+        Function.jvp = staticmethod(jvp)
     Function.__name__ = Function.__qualname__ = f"{name}_function"
     return DifferentiableOp(op, Function)

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import pytest
 import torch
+from torch.autograd import forward_ad
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -105,7 +106,9 @@ def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tenso
     same values): ``grad`` of the sum of fn's output and ``vjp`` with a random cotangent, with
     respect to every input; and per-sample gradients, ``vmap`` of ``grad`` over a batch of
     `batch` variants of the first input (the others shared), against autograd on each variant
-    (under vmap PyTorch runs an op without a batching rule once per sample, with a warning)."""
+    (under vmap PyTorch runs an op without a batching rule once per sample, with a warning).
+    Forward mode: ``jacfwd`` equals ``jacrev`` (within rounding: another formula), and the
+    tangent of ``torch.autograd.forward_ad`` equals ``torch.func.jvp``'s."""
     inputs = [x.detach() for x in inputs]
 
     def autograd(args, cotangent=None):
@@ -129,6 +132,18 @@ def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tenso
                                      in_dims=(0,) + (None,) * (len(inputs) - 1))(first, *inputs[1:])
     want = [autograd([first[k], *inputs[1:]]) for k in range(batch)]
     same(per_sample, [torch.stack([w[i] for w in want]) for i in range(len(inputs))])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        forward = torch.func.jacfwd(fn, argnums=argnums)(*inputs)
+        reverse = torch.func.jacrev(fn, argnums=argnums)(*inputs)
+    for a, b in zip(forward, reverse, strict=True):
+        torch.testing.assert_close(a, b)
+    tangents = [torch.randn_like(x) for x in inputs]
+    _, tangent = torch.func.jvp(fn, tuple(inputs), tuple(tangents))
+    with forward_ad.dual_level():
+        dual_out = fn(*[forward_ad.make_dual(x, t) for x, t in zip(inputs, tangents)])
+        same([forward_ad.unpack_dual(dual_out).tangent], [tangent])
 
 
 class _Wrap(torch.nn.Module):

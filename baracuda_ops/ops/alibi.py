@@ -127,8 +127,9 @@ def _alibi_backward_out_fake(grad, slopes, output_mask, *, grad_scores, grad_slo
 
 
 def _alibi_setup_context(ctx, inputs, output):
-    _, slopes = inputs
+    scores, slopes = inputs
     ctx.save_for_backward(slopes)
+    ctx.scores_shape, ctx.scores_dtype = scores.shape, scores.dtype
 
 
 def _alibi_autograd(ctx, grad):
@@ -141,10 +142,21 @@ def _alibi_autograd(ctx, grad):
     return (grad if need_scores else None), grad_slopes
 
 
+def _alibi_jvp(ctx, scores_tangent, slopes_tangent):
+    # alibi is affine in (scores, slopes): its tangent is alibi of the tangents.
+    if slopes_tangent is None:
+        return scores_tangent
+    if scores_tangent is None:
+        scores_tangent = slopes_tangent.new_zeros(ctx.scores_shape, dtype=ctx.scores_dtype)
+    return _Alibi(scores_tangent, slopes_tangent)
+
+
 def _alibi_backward_setup_context(ctx, inputs, output):
-    grad, _, _ = inputs
+    grad, slopes, output_mask = inputs
     ctx.grad_shape = grad.shape
     ctx.grad_dtype = grad.dtype
+    ctx.output_mask = output_mask
+    ctx.save_for_forward(slopes)
 
 
 def _alibi_backward_autograd(ctx, gg_scores, gg_slopes):
@@ -159,8 +171,15 @@ def _alibi_backward_autograd(ctx, gg_scores, gg_slopes):
     return d_grad, None, None
 
 
-_Alibi = register_autograd("alibi", _alibi_autograd, _alibi_setup_context)
-_AlibiBackward = register_autograd("alibi_backward", _alibi_backward_autograd, _alibi_backward_setup_context)
+def _alibi_backward_jvp(ctx, grad_tangent, _slopes_tangent, _output_mask):
+    # linear in grad; slopes give only the dtype of grad_slopes
+    (slopes,) = ctx.saved_tensors
+    return _AlibiBackward(grad_tangent, slopes, ctx.output_mask)
+
+
+_Alibi = register_autograd("alibi", _alibi_autograd, _alibi_setup_context, _alibi_jvp)
+_AlibiBackward = register_autograd("alibi_backward", _alibi_backward_autograd, _alibi_backward_setup_context,
+                                   _alibi_backward_jvp)
 
 
 class _AlibiInplaceFunction(torch.autograd.Function):

@@ -225,6 +225,8 @@ def _setup_context(ctx, inputs, output):
     needs_psw_grad = per_sample_weights is not None and per_sample_weights.requires_grad
     ctx.save_for_backward(indices, offset2bag, bag_size, max_positions, per_sample_weights,
                           weight if needs_psw_grad else None)
+    ctx.save_for_forward(weight, indices, offsets, per_sample_weights, max_positions)
+    ctx.include_last_offset = include_last_offset
 
 
 def _gradients(ctx, grad_output, sparse: bool = False, scale_grad_by_freq: bool = False):
@@ -257,6 +259,25 @@ def _gradients(ctx, grad_output, sparse: bool = False, scale_grad_by_freq: bool 
 def _backward(ctx, grad_output, _grad_offset2bag, _grad_bag_size, _grad_max_positions):
     grad_weight, grad_psw = _gradients(ctx, grad_output)
     return grad_weight, None, None, None, grad_psw, None, None
+
+
+def _jvp(ctx, weight_tangent, _indices, _offsets, _mode, psw_tangent, _include_last_offset, _padding_idx):
+    # The output is linear in weight (max mode: the argmax rows, fixed) and in
+    # per_sample_weights: its tangent is the bag of the tangents.
+    weight, indices, offsets, per_sample_weights, max_positions = ctx.saved_tensors
+    tangent = None
+    if weight_tangent is not None:
+        if ctx.mode == 2:
+            rows = indices.reshape(-1)[max_positions.clamp(min=0)]
+            tangent = torch.where(max_positions >= 0, weight_tangent.gather(0, rows), 0)
+        else:
+            tangent = _EmbeddingBag(weight_tangent, indices, offsets, ctx.mode, per_sample_weights,
+                                    ctx.include_last_offset, ctx.padding_idx)[0]
+    if psw_tangent is not None:
+        term = _EmbeddingBag(weight, indices, offsets, ctx.mode, psw_tangent, ctx.include_last_offset,
+                             ctx.padding_idx)[0]
+        tangent = term if tangent is None else tangent + term
+    return tangent, None, None, None
 
 
 def _sparse_grad_weight(grad, indices, offset2bag, bag_size, num_weights, mode, per_sample_weights, padding_idx):
@@ -323,7 +344,7 @@ def _no_double_backward(op: str) -> DifferentiableOp:
     return register_autograd(op, backward, setup_context)
 
 
-_EmbeddingBag = register_autograd("embedding_bag", _backward, _setup_context)
+_EmbeddingBag = register_autograd("embedding_bag", _backward, _setup_context, _jvp)
 _EmbeddingBagBackward = _no_double_backward("embedding_bag_backward")
 _PerSampleWeightsBackward = _no_double_backward("embedding_bag_per_sample_weights_backward")
 

@@ -125,10 +125,16 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
     def _backward_out_fake(grad_output, x, kernel_size, output_size, indices, *, grad_input, workspace):
         return None
 
+    def at_indices(t, indices):
+        """t[..., idx[o]] for every output cell o: the pool's derivative (x -> output) applied to
+        t, and the adjoint of the backward (grad_output -> grad_input)."""
+        return t.flatten(-dims).gather(-1, indices.flatten(-dims)).view_as(indices)
+
     def setup_context(ctx, inputs, output):
         x, kernel_size, output_size, _ = inputs
         _, indices = output
         ctx.save_for_backward(x, indices)
+        ctx.save_for_forward(indices)
         ctx.kernel_size = kernel_size
         ctx.output_size = output_size
         ctx.mark_non_differentiable(indices)
@@ -138,18 +144,29 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
         grad_input = _POOL_BACKWARD[dims](grad_output, x, ctx.kernel_size, ctx.output_size, indices)
         return grad_input, None, None, None
 
+    def jvp(ctx, x_tangent, _kernel_size, _output_size, _samples):
+        (indices,) = ctx.saved_tensors  # (jvp sees what setup_context saved for forward)
+        return at_indices(x_tangent, indices), None
+
     def backward_setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[4])
+        _, x, kernel_size, output_size, indices = inputs
+        ctx.save_for_backward(x, indices)
+        ctx.save_for_forward(x, indices)
+        ctx.kernel_size = kernel_size
+        ctx.output_size = output_size
 
     def double_backward(ctx, grad_grad_input):
-        # grad_input[idx[o]] += grad_output[o] is linear in grad_output: its
-        # adjoint reads grad_grad_input at idx[o].
-        (indices,) = ctx.saved_tensors
-        flat = grad_grad_input.flatten(-dims).gather(-1, indices.flatten(-dims))
-        return flat.view_as(indices), None, None, None, None
+        # grad_input[idx[o]] += grad_output[o] is linear in grad_output: its adjoint reads
+        # grad_grad_input at idx[o].
+        _, indices = ctx.saved_tensors
+        return at_indices(grad_grad_input, indices), None, None, None, None
 
-    return register_autograd(name, backward, setup_context), register_autograd(bname, double_backward,
-                                                                             backward_setup_context)
+    def backward_jvp(ctx, grad_output_tangent, _x, _kernel_size, _output_size, _indices):
+        x, indices = ctx.saved_tensors
+        return _POOL_BACKWARD[dims](grad_output_tangent, x, ctx.kernel_size, ctx.output_size, indices)  # linear
+
+    return (register_autograd(name, backward, setup_context, jvp),
+            register_autograd(bname, double_backward, backward_setup_context, backward_jvp))
 
 
 # The ops with their autograd, by dims: module globals, which Dynamo can trace a backward through

@@ -79,17 +79,27 @@ def _repeat_autograd(ctx, grad):
     return _RepeatBackward(grad, ctx.repeats, ctx.input_shape), None
 
 
+def _repeat_jvp(ctx, x_tangent, _):
+    return _Repeat(x_tangent, ctx.repeats)  # linear
+
+
 def _repeat_backward_setup_context(ctx, inputs, output):
-    _, repeats, _ = inputs
+    _, repeats, input_shape = inputs
     ctx.repeats = repeats
+    ctx.input_shape = input_shape
 
 
 def _repeat_backward_autograd(ctx, grad_grad_input):
     return _Repeat(grad_grad_input, ctx.repeats), None, None
 
 
-_Repeat = register_autograd("repeat", _repeat_autograd, _repeat_setup_context)
-_RepeatBackward = register_autograd("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context)
+def _repeat_backward_jvp(ctx, grad_tangent, _repeats, _input_shape):
+    return _RepeatBackward(grad_tangent, ctx.repeats, ctx.input_shape)  # linear
+
+
+_Repeat = register_autograd("repeat", _repeat_autograd, _repeat_setup_context, _repeat_jvp)
+_RepeatBackward = register_autograd("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context,
+                                    _repeat_backward_jvp)
 
 
 # --------------------------------------------------------------------------- Plan API

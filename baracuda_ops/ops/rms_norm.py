@@ -140,6 +140,7 @@ def _rms_norm_setup_context(ctx, inputs, output):
     ctx.normalized_shape = normalized_shape
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(x, weight, rstd)
+    ctx.save_for_forward(x, weight, rstd)
 
 
 def _rms_norm_autograd(ctx, grad_out, _grad_rstd):
@@ -149,6 +150,21 @@ def _rms_norm_autograd(ctx, grad_out, _grad_rstd):
         return None, None, None, None
     grad_input, grad_weight = _RMSNormBackward(grad_out, x, ctx.normalized_shape, rstd, weight, mask)
     return grad_input, None, grad_weight, None
+
+
+def _rms_norm_jvp(ctx, x_tangent, _normalized_shape, weight_tangent, _eps):
+    # y = x * rstd * w: dy = (rstd * dx - x * rstd^3 * mean(x * dx)) * w + x * rstd * dw, the
+    # first term rms_norm_backward's dx for grad dx and no weight; rstd takes no tangent.
+    x, weight, rstd = ctx.saved_tensors
+    tangent = None
+    if x_tangent is not None:
+        tangent, _ = _RMSNormBackward(x_tangent, x, ctx.normalized_shape, rstd, None, [True, False])
+        if weight is not None:
+            tangent = tangent * weight
+    if weight_tangent is not None:
+        term = x * rstd * weight_tangent
+        tangent = term if tangent is None else tangent + term
+    return tangent.to(x.dtype), None
 
 
 def _rms_norm_backward_setup_context(ctx, inputs, output):
@@ -168,7 +184,7 @@ def _rms_norm_backward_autograd(ctx, *grads):
 if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):
     torch.library.register_autocast("baracuda::rms_norm", "cuda", torch.float32)
 
-_RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_context)
+_RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_context, _rms_norm_jvp)
 _RMSNormBackward = register_autograd("rms_norm_backward", _rms_norm_backward_autograd,
                                      _rms_norm_backward_setup_context)
 
