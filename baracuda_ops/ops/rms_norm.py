@@ -181,7 +181,8 @@ def _rms_norm_backward_autograd(ctx, *grads):
 # list, after 2.11: floating inputs, float64 excepted, cast to float32, so F.rms_norm returns
 # float32 there), ours does the same. PyTorch 2.11 and CPU autocast leave both alone (so on
 # the device machines, 2.11, it is off; the test compares with F.rms_norm either way).
-if torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA"):
+if torch.amp.is_autocast_available("cuda") and torch._C._dispatch_has_kernel_for_dispatch_key(
+        "aten::rms_norm", "AutocastCUDA"):
     torch.library.register_autocast("baracuda::rms_norm", "cuda", torch.float32)
 
 _RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_context, _rms_norm_jvp)
