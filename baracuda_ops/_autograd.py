@@ -32,10 +32,10 @@ class DifferentiableOp:
 
     def __call__(self, *args):
         """The op; under torch.func's transforms and forward-mode AD (``torch.autograd.forward_ad``,
-        whose tangents only the Function's ``jvp`` carries) through its Function. Elsewhere the op itself,
-        with its registered autograd (the same gradients): applying the Function costs about 9
-        us more per call on the host, and Dynamo cannot trace an autograd.Function applied
-        inside another's backward."""
+        whose tangents only the Function's ``jvp`` carries) through its Function. Elsewhere the
+        op itself, with its registered autograd (the same gradients): applying the Function
+        costs about 9 us more per call on the host, and Dynamo cannot trace an
+        autograd.Function applied inside another's backward, nor one with a ``jvp``."""
         if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()
                                                   or forward_ad._current_level >= 0):
             return self.function.apply(*args)
@@ -50,7 +50,7 @@ def register_autograd(name: str, backward: Callable, setup_context: Callable,
     returns the op with an autograd.Function built from them; with ``jvp(ctx, *input_tangents)``
     (a tangent or None per output; what it needs saved by setup_context with
     ``ctx.save_for_forward``) the Function has forward-mode AD too (torch.func.jvp, jacfwd,
-    hessian, torch.autograd.forward_ad), which torch.library cannot register for a custom op."""
+    torch.autograd.forward_ad), which torch.library cannot register for a custom op."""
     torch.library.register_autograd(f"baracuda::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.baracuda, name).default
 
