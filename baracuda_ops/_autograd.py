@@ -75,3 +75,17 @@ def register_autograd(name: str, backward: Callable, setup_context: Callable,
         Function.jvp = staticmethod(jvp)
     Function.__name__ = Function.__qualname__ = f"{name}_function"
     return DifferentiableOp(op, Function)
+
+
+def register_without_backward(name: str, message: str) -> DifferentiableOp:
+    """``torch.ops.baracuda.<name>`` (a backward op) with a backward that raises
+    NotImplementedError(message): its gradient, a second derivative of the forward op, is
+    not supported, and a clear error beats a silent zero."""
+
+    def setup_context(ctx, inputs, output):
+        pass
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(message)
+
+    return register_autograd(name, backward, setup_context)

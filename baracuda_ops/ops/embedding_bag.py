@@ -42,7 +42,7 @@ from typing import Sequence
 
 import torch
 
-from .._autograd import DifferentiableOp, register_autograd
+from .._autograd import register_autograd, register_without_backward
 from .._plan import (
     InvalidProblemError,
     Plan,
@@ -334,19 +334,10 @@ class _WithGradientOptions(torch.autograd.Function):
         return grad_weight, None, None, None, grad_psw, None, None, None, None
 
 
-def _no_double_backward(op: str) -> DifferentiableOp:
-    def setup_context(ctx, inputs, output):
-        pass
-
-    def backward(ctx, *grads):
-        raise NotImplementedError(f"baracuda::{op}: double backward of embedding_bag is not supported")
-
-    return register_autograd(op, backward, setup_context)
-
-
 _EmbeddingBag = register_autograd("embedding_bag", _backward, _setup_context, _jvp)
-_EmbeddingBagBackward = _no_double_backward("embedding_bag_backward")
-_PerSampleWeightsBackward = _no_double_backward("embedding_bag_per_sample_weights_backward")
+_EmbeddingBagBackward, _PerSampleWeightsBackward = (
+    register_without_backward(op, f"baracuda::{op}: double backward of embedding_bag is not supported")
+    for op in ("embedding_bag_backward", "embedding_bag_per_sample_weights_backward"))
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -41,7 +41,7 @@ from typing import Sequence
 
 import torch
 
-from .._autograd import register_autograd
+from .._autograd import register_autograd, register_without_backward
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -167,16 +167,6 @@ def _rms_norm_jvp(ctx, x_tangent, _normalized_shape, weight_tangent, _eps):
     return tangent.to(x.dtype), None
 
 
-def _rms_norm_backward_setup_context(ctx, inputs, output):
-    pass
-
-
-def _rms_norm_backward_autograd(ctx, *grads):
-    raise NotImplementedError(
-        "baracuda::rms_norm_backward: double backward (the gradient of rms_norm's gradient) is not supported"
-    )
-
-
 # torch.autocast: where the installed PyTorch autocasts aten::rms_norm on CUDA (its float32
 # list, after 2.11: floating inputs, float64 excepted, cast to float32, so F.rms_norm returns
 # float32 there), ours does the same. PyTorch 2.11 and CPU autocast leave both alone (so on
@@ -186,8 +176,9 @@ if torch.amp.is_autocast_available("cuda") and torch._C._dispatch_has_kernel_for
     torch.library.register_autocast("baracuda::rms_norm", "cuda", torch.float32)
 
 _RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_context, _rms_norm_jvp)
-_RMSNormBackward = register_autograd("rms_norm_backward", _rms_norm_backward_autograd,
-                                     _rms_norm_backward_setup_context)
+_RMSNormBackward = register_without_backward(
+    "rms_norm_backward", "baracuda::rms_norm_backward: double backward (the gradient of rms_norm's gradient) "
+    "is not supported")
 
 
 # --------------------------------------------------------------------------- Plan API
