@@ -56,7 +56,9 @@ def _extension():
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     define_macros: list = []
     openmp = _openmp_flags()
-    cxx_flags = ["-O3"] + openmp
+    # -ffp-contract=off: no multiply-add is fused, so the CPU loops built again for AVX2
+    # and AVX-512 (cpu::run_vectorized) give the baseline build's bits
+    cxx_flags = ["-O3", "-ffp-contract=off"] + openmp
     if not with_cuda:
         return CppExtension(
             "baracuda_ops._C",

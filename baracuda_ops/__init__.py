@@ -61,6 +61,9 @@ def build_info() -> dict[str, Any]:
         "cpu": True,
         # CPU kernels compiled with OpenMP, so that at::parallel_for uses ATen's threads
         "cpu_openmp": bool(_C.with_openmp),
+        # vector ISA the vectorized CPU loops run with on this CPU: "avx512", "avx2" or
+        # "default" (baseline x86-64), capped by BARACUDA_CPU_CAPABILITY
+        "cpu_vector_isa": _C.cpu_vector_isa,
         "cuda": bool(_C.with_cuda),
         "cuda_archs": _C.cuda_archs or None,
         "torch_cuda": torch.version.cuda,

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"baracuda_ops {info['version']} | torch {info['torch']} | device {device} ({name})")
     cpu_threads = torch.get_num_threads() if info["cpu_openmp"] else 1
     print(
-        f"built: CPU kernels ({cpu_threads} thread{'s' if cpu_threads > 1 else ''}), "
+        f"built: CPU kernels ({cpu_threads} thread{'s' if cpu_threads > 1 else ''}, "
+        f"vector ISA {info['cpu_vector_isa']}), "
         f"CUDA kernels: {'yes, archs ' + str(info['cuda_archs']) if info['cuda'] else 'no'}"
     )
     if device.type == "cuda" and not info["cuda"]:

@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 
+#include "baracuda/cpu_utils.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -146,7 +147,8 @@ extern "C" PyObject* PyInit__C(void) {
   if (m == nullptr) return nullptr;
   if (PyModule_AddIntConstant(m, "with_cuda", BARACUDA_PY_WITH_CUDA) < 0 ||
       PyModule_AddIntConstant(m, "with_openmp", BARACUDA_PY_OPENMP) < 0 ||
-      PyModule_AddStringConstant(m, "cuda_archs", BARACUDA_CUDA_ARCHS) < 0) {
+      PyModule_AddStringConstant(m, "cuda_archs", BARACUDA_CUDA_ARCHS) < 0 ||
+      PyModule_AddStringConstant(m, "cpu_vector_isa", baracuda::cpu::vector_isa_name(baracuda::cpu::vector_isa())) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

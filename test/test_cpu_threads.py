@@ -1,6 +1,12 @@
 """The CPU kernels spread their loops over ATen's threads (at::parallel_for, built with
 OpenMP) and fix every summation order by the data alone, so each op gives the same bits
-on one thread and on several."""
+on one thread and on several, and with every vector ISA the CPU runs
+(BARACUDA_CPU_CAPABILITY caps it, read once per process)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,7 +82,33 @@ def _alibi_case():
     return lambda: [ops.alibi(scores, slopes), *ops.alibi_backward(grad, slopes, [True, True])]
 
 
+def _embedding_bag_widths_case():
+    """Row widths that leave every block size and a scalar tail, every dtype, per-sample
+    weights and padding: the vectorized sums' edges."""
+    cases = []
+    for dim in (1, 7, 37, 200, 515):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            weight = torch.randn(300, dim).to(dtype)
+            indices = torch.randint(0, 300, (600,))
+            offsets = torch.arange(0, 600, 6)
+            offsets[5] = offsets[4]  # an empty bag
+            cases.append((weight, indices, offsets, torch.randn(600).to(dtype)))
+
+    def run():
+        results = []
+        for weight, indices, offsets, psw in cases:
+            for mode, weights in ((0, psw), (0, None), (1, None), (2, None)):
+                out, o2b, bag_size, max_pos = ops.embedding_bag(weight, indices, offsets, mode, weights, False, 5)
+                grad = torch.linspace(-1, 1, out.numel()).view_as(out).to(out.dtype)
+                grad_weight = ops.embedding_bag_backward(grad, indices, o2b, bag_size, max_pos, 300, mode, weights, 5)
+                results += [out, grad_weight]
+        return results
+
+    return run
+
+
 CASES = {
+    "embedding_bag_widths": _embedding_bag_widths_case,
     "embedding_bag_sum": lambda: _embedding_bag_case(0),
     "embedding_bag_mean": lambda: _embedding_bag_case(1),
     "embedding_bag_max": lambda: _embedding_bag_case(2),
@@ -110,3 +142,42 @@ def test_same_bits_on_one_and_several_threads(case, restore_threads):
     for a, b in zip(one, several):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+_RUN_CASES_IN_SUBPROCESS = """
+import sys
+import torch
+import baracuda_ops
+sys.path.insert(0, sys.argv[2])
+import test_cpu_threads
+results = {}
+for name, case in sorted(test_cpu_threads.CASES.items()):
+    torch.manual_seed(0)
+    results[name] = case()()
+torch.save({"isa": baracuda_ops.build_info()["cpu_vector_isa"], "results": results}, sys.argv[1])
+"""
+
+
+def test_same_bits_on_every_vector_isa(tmp_path):
+    runs = {}
+    for cap in ("default", "avx2", "avx512"):
+        path = tmp_path / f"{cap}.pt"
+        env = {**os.environ, "BARACUDA_CPU_CAPABILITY": cap}
+        subprocess.run(
+            [sys.executable, "-c", _RUN_CASES_IN_SUBPROCESS, str(path), str(Path(__file__).parent)], env=env, check=True
+        )
+        run = torch.load(path)
+        runs[run["isa"]] = run["results"]
+    # "default" always runs the baseline loops; the others run this CPU's best ISA up to their cap
+    assert "default" in runs and baracuda_ops.build_info()["cpu_vector_isa"] in runs
+    base = runs["default"]
+    for isa, results in runs.items():
+        for name in base:
+            assert len(results[name]) == len(base[name])
+            for a, b in zip(base[name], results[name]):
+                assert a.dtype == b.dtype and a.shape == b.shape
+                assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), (isa, name)
+
+
+def test_build_reports_vector_isa():
+    assert baracuda_ops.build_info()["cpu_vector_isa"] in ("default", "avx2", "avx512")

@@ -538,7 +538,8 @@ def test_plan_run_writes_every_element(device, mode, dtype):
     assert sku.op == "embedding_bag" and sku.device_type == device.type and sku.index_dtype == torch.int32
     # D = 24: 6 float32 or 3 bfloat16 16-byte vectors per row, so teams of 8 or 4 threads.
     team = 8 if dtype == torch.float32 else 4
-    assert sku.variant == ("cpu_bag_loop" if device.type == "cpu" else f"bag_gather<team{team},16B>")
+    isa = baracuda_ops.build_info()["cpu_vector_isa"]
+    assert sku.variant == (f"cpu_bag_loop<{isa}>" if device.type == "cpu" else f"bag_gather<team{team},16B>")
     assert plan.workspace_size() == 0 and plan.precision_guarantee().deterministic
 
 

@@ -6,11 +6,14 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "baracuda/checks.h"
+#include "baracuda/cpu_utils.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/embedding_bag.h"
 #include "baracuda/variant.h"
@@ -51,8 +54,9 @@ void check_bag_values(const char* op, const int64_t* offset2bag, int64_t n, int6
 }
 
 // Rows gathered by index miss the caches: the forward asks for the row of the
-// entry kPrefetchAhead positions ahead (across bags), one prefetch per 64-byte line.
-constexpr int64_t kPrefetchAhead = 8;
+// entry kPrefetchAhead positions ahead (across bags), one prefetch per 64-byte
+// line (32 ahead: 1.1-1.3x faster than 8 with the vector sums at V = 1e5).
+constexpr int64_t kPrefetchAhead = 32;
 
 template <typename scalar_t>
 void prefetch_row(const scalar_t* row, int64_t D) {
@@ -65,34 +69,77 @@ void prefetch_row(const scalar_t* row, int64_t D) {
 // embedding_bag.h for the math), accumulated in acc_t. A first pass over the
 // bag's entries sets offset2bag, prefetches rows and counts the entries that
 // are not padding; then max mode scans the rows, sum and mean add them in
-// column blocks.
+// column blocks. The loop runs compiled for the CPU's widest vector ISA
+// (cpu::run_vectorized; the same bits on every ISA).
 
-// Sum and mean: columns [c0, c0 + cols) of the bag's sum over entries [begin,
-// end), in position order, into acc[c0 ..]. With kCols > 0 the block is a
-// compile-time kCols columns, which the compiler keeps in vector registers for
-// the whole bag (a loop over all D columns reloaded and stored acc for every
-// entry). Without per-sample weights nothing is multiplied (1 * x == x, so the
-// bits are those of acc + 1 * x; the multiply took a third of the time).
-constexpr int64_t kSumCols = 16;
-
-template <int64_t kCols, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
-void sum_columns(const scalar_t* weight, const index_t* indices, const scalar_t* psw, int64_t D,
-                 int64_t padding_idx, int64_t begin, int64_t end, int64_t c0, int64_t cols, acc_t* acc) {
-  constexpr int64_t kBuf = kCols > 0 ? kCols : kSumCols;
-  const int64_t n = kCols > 0 ? kCols : cols;
-  acc_t a[kBuf] = {};
+// Sum and mean: columns [c0, c0 + kCols) of the bag's sum over entries [begin,
+// end), in position order, into acc[c0 ..]. The block is kCols / kPer explicit
+// vectors of kPer = kBytes / sizeof(acc_t) columns, held in registers for the
+// whole bag (a loop over all D columns reloaded and stored acc for every entry).
+// Without per-sample weights nothing is multiplied (1 * x == x, so the bits are
+// those of acc + 1 * x; the multiply took a third of the time).
+template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+[[gnu::always_inline]] inline void sum_columns(const scalar_t* weight, const index_t* indices, const scalar_t* psw,
+                                               int64_t D, int64_t padding_idx, int64_t begin, int64_t end,
+                                               int64_t c0, acc_t* acc) {
+  constexpr int kPer = kBytes / int(sizeof(acc_t));
+  constexpr int kVecs = kCols / kPer;
+  cpu::Vec<acc_t, kPer> a[kVecs] = {};
   for (int64_t i = begin; i < end; ++i) {
     const int64_t idx = static_cast<int64_t>(indices[i]);
     if (idx == padding_idx) continue;
     const scalar_t* row = weight + idx * D + c0;
-    if constexpr (kWeighted) {
-      const acc_t coef = static_cast<acc_t>(psw[i]);
-      for (int64_t k = 0; k < n; ++k) a[k] += coef * static_cast<acc_t>(row[k]);
-    } else {
-      for (int64_t k = 0; k < n; ++k) a[k] += static_cast<acc_t>(row[k]);
+    for (int v = 0; v < kVecs; ++v) {
+      cpu::Vec<acc_t, kPer> x;
+      cpu::load_vec<acc_t, kPer>(row + v * kPer, x);
+      if constexpr (kWeighted) {
+        a[v] += static_cast<acc_t>(psw[i]) * x;
+      } else {
+        a[v] += x;
+      }
     }
   }
-  for (int64_t k = 0; k < n; ++k) acc[c0 + k] = a[k];
+  std::memcpy(acc + c0, a, sizeof(a));
+}
+
+// The same sum for the last columns [c0, D) (fewer than one vector), one at a time.
+template <bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+void sum_last_columns(const scalar_t* weight, const index_t* indices, const scalar_t* psw, int64_t D,
+                      int64_t padding_idx, int64_t begin, int64_t end, int64_t c0, acc_t* acc) {
+  for (int64_t c = c0; c < D; ++c) {
+    acc_t a = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t idx = static_cast<int64_t>(indices[i]);
+      if (idx == padding_idx) continue;
+      const acc_t x = static_cast<acc_t>(weight[idx * D + c]);
+      if constexpr (kWeighted) {
+        a += static_cast<acc_t>(psw[i]) * x;
+      } else {
+        a += x;
+      }
+    }
+    acc[c] = a;
+  }
+}
+
+// All D columns of the bag's sum into acc: blocks of 8 vectors (8 registers of
+// sums: 1.3-1.6x faster than 4 with AVX2 and AVX-512), then one block each of
+// 4, 2 and 1 vectors where the columns left allow, then the last columns.
+template <int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+[[gnu::always_inline]] inline void sum_bag(const scalar_t* weight, const index_t* indices, const scalar_t* psw,
+                                           int64_t D, int64_t padding_idx, int64_t begin, int64_t end, acc_t* acc) {
+  constexpr int kPer = kBytes / int(sizeof(acc_t));
+  int64_t c0 = 0;
+  const auto block = [&](auto vectors) {
+    constexpr int kCols = decltype(vectors)::value * kPer;
+    sum_columns<kCols, kBytes, kWeighted>(weight, indices, psw, D, padding_idx, begin, end, c0, acc);
+    c0 += kCols;
+  };
+  while (c0 + 8 * kPer <= D) block(std::integral_constant<int, 8>{});
+  if (c0 + 4 * kPer <= D) block(std::integral_constant<int, 4>{});
+  if (c0 + 2 * kPer <= D) block(std::integral_constant<int, 2>{});
+  if (c0 + kPer <= D) block(std::integral_constant<int, 1>{});
+  sum_last_columns<kWeighted>(weight, indices, psw, D, padding_idx, begin, end, c0, acc);
 }
 
 template <typename scalar_t, typename acc_t, typename index_t>
@@ -103,61 +150,55 @@ void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
   at::parallel_for(0, g.num_bags, grain, [&](int64_t bag_begin, int64_t bag_end) {
     std::vector<acc_t> acc(D);
-    for (int64_t b = bag_begin; b < bag_end; ++b) {
-      int64_t begin, end;
-      bool bad;
-      bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
-      int64_t count = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        offset2bag[i] = b;
-        if (i + kPrefetchAhead < g.num_indices) {
-          prefetch_row(weight + static_cast<int64_t>(indices[i + kPrefetchAhead]) * D, D);
-        }
-        count += static_cast<int64_t>(indices[i]) != g.padding_idx;
-      }
-      if (g.mode == kModeMax) {
-        int64_t* pos = max_pos + b * D;
-        std::fill(pos, pos + D, int64_t(-1));
-        bool first = true;
+    cpu::run_vectorized([&](auto vector_bytes) {
+      constexpr int kBytes = decltype(vector_bytes)::value;
+      for (int64_t b = bag_begin; b < bag_end; ++b) {
+        int64_t begin, end;
+        bool bad;
+        bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
+        int64_t count = 0;
         for (int64_t i = begin; i < end; ++i) {
-          const int64_t idx = static_cast<int64_t>(indices[i]);
-          if (idx == g.padding_idx) continue;
-          const scalar_t* row = weight + idx * D;
-          for (int64_t d = 0; d < D; ++d) {
-            const acc_t v = static_cast<acc_t>(row[d]);
-            if (first || v > acc[d]) {
-              acc[d] = v;
-              pos[d] = i;
+          offset2bag[i] = b;
+          if (i + kPrefetchAhead < g.num_indices) {
+            prefetch_row(weight + static_cast<int64_t>(indices[i + kPrefetchAhead]) * D, D);
+          }
+          count += static_cast<int64_t>(indices[i]) != g.padding_idx;
+        }
+        if (g.mode == kModeMax) {
+          int64_t* pos = max_pos + b * D;
+          std::fill(pos, pos + D, int64_t(-1));
+          bool first = true;
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t idx = static_cast<int64_t>(indices[i]);
+            if (idx == g.padding_idx) continue;
+            const scalar_t* row = weight + idx * D;
+            for (int64_t d = 0; d < D; ++d) {
+              const acc_t v = static_cast<acc_t>(row[d]);
+              if (first || v > acc[d]) {
+                acc[d] = v;
+                pos[d] = i;
+              }
             }
+            first = false;
           }
-          first = false;
-        }
-        if (first) std::fill(acc.begin(), acc.end(), acc_t(0));  // no entry: an empty bag gives zeros
-      } else {
-        const auto sum_all = [&](auto weighted) {
-          constexpr bool kWeighted = decltype(weighted)::value;
-          int64_t c0 = 0;
-          for (; c0 + kSumCols <= D; c0 += kSumCols) {
-            sum_columns<kSumCols, kWeighted>(weight, indices, psw, D, g.padding_idx, begin, end, c0, kSumCols,
-                                             acc.data());
-          }
-          if (c0 < D) {
-            sum_columns<0, kWeighted>(weight, indices, psw, D, g.padding_idx, begin, end, c0, D - c0, acc.data());
-          }
-        };
-        if (psw != nullptr) {
-          sum_all(std::true_type{});
+          if (first) std::fill(acc.begin(), acc.end(), acc_t(0));  // no entry: an empty bag gives zeros
+        } else if (psw != nullptr) {
+          sum_bag<kBytes, true>(weight, indices, psw, D, g.padding_idx, begin, end, acc.data());
         } else {
-          sum_all(std::false_type{});
+          sum_bag<kBytes, false>(weight, indices, psw, D, g.padding_idx, begin, end, acc.data());
+        }
+        bag_size[b] = count;
+        scalar_t* o = out + b * D;
+        if (g.mode == kModeMean && count > 0) {
+          const acc_t n = static_cast<acc_t>(count);
+          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(acc[d] / n);
+        } else if (g.mode == kModeMean) {
+          std::fill(o, o + D, scalar_t(0));
+        } else {
+          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(acc[d]);
         }
       }
-      bag_size[b] = count;
-      scalar_t* o = out + b * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const acc_t v = g.mode == kModeMean ? (count > 0 ? acc[d] / static_cast<acc_t>(count) : acc_t(0)) : acc[d];
-        o[d] = static_cast<scalar_t>(v);
-      }
-    }
+    });
   });
 }
 
@@ -211,7 +252,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cpu(
 //   mean: grad[bag_i] / bag_size[bag_i]
 //   max:  grad[bag_i, d] where max_positions[bag_i, d] == i (per column d)
 // Positions are grouped by row with a stable counting sort (workspace: V + 1
-// row ends and N positions, int64), then each row is summed by one thread.
+// row ends and N positions, int64), then each row is summed by one thread, in
+// a loop compiled for the CPU's widest vector ISA (cpu::run_vectorized).
 
 int64_t backward_workspace_bytes(int64_t num_weights, int64_t num_indices) {
   return (num_weights + 1 + num_indices) * static_cast<int64_t>(sizeof(int64_t));
@@ -233,30 +275,32 @@ void bag_backward(const scalar_t* grad, const index_t* indices, const int64_t* o
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
   at::parallel_for(0, V, grain, [&](int64_t v_begin, int64_t v_end) {
     std::vector<acc_t> acc(D);
-    for (int64_t v = v_begin; v < v_end; ++v) {
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      for (int64_t p = v == 0 ? 0 : row_end[v - 1]; p < row_end[v]; ++p) {
-        const int64_t i = perm[p];
-        const int64_t bag = offset2bag[i];
-        const scalar_t* gb = grad + bag * D;
-        if (mode == kModeMax) {
-          const int64_t* mp = max_pos + bag * D;
-          for (int64_t d = 0; d < D; ++d) {
-            if (mp[d] == i) acc[d] += static_cast<acc_t>(gb[d]);
+    cpu::run_vectorized([&](auto) {
+      for (int64_t v = v_begin; v < v_end; ++v) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        for (int64_t p = v == 0 ? 0 : row_end[v - 1]; p < row_end[v]; ++p) {
+          const int64_t i = perm[p];
+          const int64_t bag = offset2bag[i];
+          const scalar_t* gb = grad + bag * D;
+          if (mode == kModeMax) {
+            const int64_t* mp = max_pos + bag * D;
+            for (int64_t d = 0; d < D; ++d) {
+              if (mp[d] == i) acc[d] += static_cast<acc_t>(gb[d]);
+            }
+          } else if (mode == kModeMean) {
+            const acc_t n = static_cast<acc_t>(bag_size[bag]);
+            if (bag_size[bag] > 0) {
+              for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<acc_t>(gb[d]) / n;
+            }
+          } else {
+            const acc_t coef = psw != nullptr ? static_cast<acc_t>(psw[i]) : acc_t(1);
+            for (int64_t d = 0; d < D; ++d) acc[d] += coef * static_cast<acc_t>(gb[d]);
           }
-        } else if (mode == kModeMean) {
-          const acc_t n = static_cast<acc_t>(bag_size[bag]);
-          if (bag_size[bag] > 0) {
-            for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<acc_t>(gb[d]) / n;
-          }
-        } else {
-          const acc_t coef = psw != nullptr ? static_cast<acc_t>(psw[i]) : acc_t(1);
-          for (int64_t d = 0; d < D; ++d) acc[d] += coef * static_cast<acc_t>(gb[d]);
         }
+        scalar_t* out = grad_weight + v * D;
+        for (int64_t d = 0; d < D; ++d) out[d] = static_cast<scalar_t>(acc[d]);
       }
-      scalar_t* out = grad_weight + v * D;
-      for (int64_t d = 0; d < D; ++d) out[d] = static_cast<scalar_t>(acc[d]);
-    }
+    });
   });
 }
 
@@ -372,10 +416,13 @@ at::Tensor per_sample_weights_backward_cpu(const at::Tensor& grad, const at::Ten
 }
 
 // problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
-KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {"cpu_bag_loop", 0}; }
+// The variant names carry the vector ISA the loops run with (cpu::run_vectorized).
+std::string with_isa(const char* name) { return std::string(name) + "<" + cpu::vector_isa_name(cpu::vector_isa()) + ">"; }
+
+KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {with_isa("cpu_bag_loop"), 0}; }
 KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
   TORCH_CHECK_VALUE(problem.size() == 6, kEmbeddingBagBackwardOp, ": malformed problem ", shape_str(problem));
-  return {"cpu_counting_sort_rows", backward_workspace_bytes(problem[0], problem[2])};
+  return {with_isa("cpu_counting_sort_rows"), backward_workspace_bytes(problem[0], problem[2])};
 }
 KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef, c10::ScalarType) {
   return {"cpu_position_dot", 0};

@@ -3,9 +3,14 @@
 // the accumulation type once.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace baracuda {
@@ -52,6 +57,118 @@ const acc_t* row_as_acc(const T* row, int64_t n, std::vector<acc_t>& buf) {
     for (int64_t j = 0; j < n; ++j) buf[j] = static_cast<acc_t>(row[j]);
     return buf.data();
   }
+}
+
+// ---------------------------------------------------------------------------
+// Explicit vectors (GCC/Clang vector extension): Vec<T, N> holds N values of T,
+// and the compiler maps it onto the registers of the ISA it compiles for (a
+// 16-float vector is 4 SSE, 2 AVX2 or 1 AVX-512 register), whether or not its
+// loop vectorizer would have taken the loop.
+template <typename T, int N>
+struct VecOf {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
+template <typename T, int N>
+using Vec = typename VecOf<T, N>::type;
+
+// N consecutive values of T from p (any alignment) as acc_t: bfloat16 widened
+// by a shift (exact), other types converted lane by lane.
+// out = {a0, b0, a1, b1, ...} (2N lanes). Vectors pass by reference here and
+// in load_vec: by value, their ABI would differ between the ISAs (-Wpsabi).
+template <typename T, int N, size_t... k>
+[[gnu::always_inline]] inline void interleave(const Vec<T, N>& a, const Vec<T, N>& b, Vec<T, 2 * N>& out,
+                                              std::index_sequence<k...>) {
+  out = __builtin_shufflevector(a, b, (k % 2 == 0 ? k / 2 : N + k / 2)...);
+}
+
+// v = N consecutive values of T from p (any alignment) as acc_t: bfloat16
+// widened by putting its 16 bits above 16 zero bits (exact), other types
+// converted lane by lane.
+template <typename acc_t, int N, typename T>
+[[gnu::always_inline]] inline void load_vec(const T* p, Vec<acc_t, N>& v) {
+  if constexpr (std::is_same_v<T, acc_t>) {
+    std::memcpy(&v, p, sizeof(v));
+  } else if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<acc_t, float>) {
+    Vec<uint16_t, N> bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    Vec<uint16_t, 2 * N> wide;
+    interleave<uint16_t, N>(Vec<uint16_t, N>{}, bits, wide, std::make_index_sequence<2 * N>{});
+    std::memcpy(&v, &wide, sizeof(v));
+  } else {
+    for (int k = 0; k < N; ++k) v[k] = static_cast<acc_t>(p[k]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Vector ISA at run time. The extension is compiled for baseline x86-64 (SSE2),
+// so that it runs on any x86-64 CPU; run_vectorized(fn) runs fn compiled again
+// for the widest vector ISA this CPU has (AVX-512 or AVX2; the flatten attribute
+// inlines fn's whole body into the ISA's copy, where the compiler vectorizes it
+// for that ISA). The extension is built with -ffp-contract=off, so no ISA fuses a
+// multiply and an add: every ISA gives the same bits. BARACUDA_CPU_CAPABILITY
+// (default, avx2, avx512; read once) caps the ISA, as ATEN_CPU_CAPABILITY does
+// PyTorch's.
+enum class VectorIsa { kBaseline, kAvx2, kAvx512 };
+
+inline const char* vector_isa_name(VectorIsa isa) {
+  return isa == VectorIsa::kAvx512 ? "avx512" : isa == VectorIsa::kAvx2 ? "avx2" : "default";
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BARACUDA_CPU_MULTI_ISA 1
+#endif
+
+inline VectorIsa vector_isa() {
+  static const VectorIsa isa = [] {
+    VectorIsa best = VectorIsa::kBaseline;
+#ifdef BARACUDA_CPU_MULTI_ISA
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) best = VectorIsa::kAvx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      best = VectorIsa::kAvx512;
+    }
+#endif
+    const char* cap = std::getenv("BARACUDA_CPU_CAPABILITY");
+    if (cap != nullptr && std::strcmp(cap, "default") == 0) return VectorIsa::kBaseline;
+    if (cap != nullptr && std::strcmp(cap, "avx2") == 0 && best == VectorIsa::kAvx512) return VectorIsa::kAvx2;
+    return best;
+  }();
+  return isa;
+}
+
+// fn(std::integral_constant<int, kVectorBytes>{}): the ISA's vector register
+// width in bytes (16, 32 or 64), for fn's explicit vectors.
+template <typename Fn>
+[[gnu::flatten]] void run_baseline(const Fn& fn) {
+  fn(std::integral_constant<int, 16>{});
+}
+
+#ifdef BARACUDA_CPU_MULTI_ISA
+template <typename Fn>
+[[gnu::flatten, gnu::target("avx2")]] void run_avx2(const Fn& fn) {
+  fn(std::integral_constant<int, 32>{});
+}
+
+template <typename Fn>
+[[gnu::flatten, gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] void run_avx512(const Fn& fn) {
+  fn(std::integral_constant<int, 64>{});
+}
+#endif
+
+template <typename Fn>
+void run_vectorized(const Fn& fn) {
+#ifdef BARACUDA_CPU_MULTI_ISA
+  switch (vector_isa()) {
+    case VectorIsa::kAvx512:
+      return run_avx512(fn);
+    case VectorIsa::kAvx2:
+      return run_avx2(fn);
+    case VectorIsa::kBaseline:
+      break;
+  }
+#endif
+  run_baseline(fn);
 }
 
 }  // namespace cpu
