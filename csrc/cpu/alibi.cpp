@@ -43,15 +43,17 @@ void alibi_rows(const scalar_t* x, const slope_t* slopes, scalar_t* y, const Ali
     using IndexT = decltype(index_tag);
     const auto keys = static_cast<IndexT>(s.keys);
     at::parallel_for(0, s.rows(), grain, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const auto i = static_cast<IndexT>(row % s.queries);
-        const acc_t m = static_cast<acc_t>(slopes[(row / s.queries) % s.heads]);
-        const scalar_t* xr = x + row * s.keys;
-        scalar_t* yr = y + row * s.keys;
-        for (IndexT j = 0; j < keys; ++j) {
-          yr[j] = static_cast<scalar_t>(static_cast<acc_t>(xr[j]) + m * static_cast<acc_t>(j - i));
+      cpu::run_vectorized([&](auto) {
+        for (int64_t row = begin; row < end; ++row) {
+          const auto i = static_cast<IndexT>(row % s.queries);
+          const acc_t m = static_cast<acc_t>(slopes[(row / s.queries) % s.heads]);
+          const scalar_t* xr = x + row * s.keys;
+          scalar_t* yr = y + row * s.keys;
+          for (IndexT j = 0; j < keys; ++j) {
+            yr[j] = static_cast<scalar_t>(static_cast<acc_t>(xr[j]) + m * static_cast<acc_t>(j - i));
+          }
         }
-      }
+      });
     });
   });
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "baracuda/checks.h"
+#include "baracuda/cpu_utils.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/fractional_max_pool.h"
 #include "baracuda/variant.h"
@@ -74,19 +75,21 @@ void fmp_backward_planes(const FmpGeometry& g, const scalar_t* dy, const int64_t
   at::parallel_for(0, g.planes(), std::max<int64_t>(1, 16384 / std::max<int64_t>(1, in_plane + out_plane)),
                    [&](int64_t begin, int64_t end) {
     std::vector<acc_t> acc(in_plane);
-    for (int64_t p = begin; p < end; ++p) {
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      const scalar_t* dyp = dy + p * out_plane;
-      const int64_t* ip = idx + p * out_plane;
-      for (int64_t o = 0; o < out_plane; ++o) {
-        const int64_t i = ip[o];
-        TORCH_CHECK_INDEX(i >= 0 && i < in_plane, fmp_op_name(g.dims, true), ": indices value ", i,
-                          " is out of range for an input plane of ", in_plane, " elements");
-        acc[i] += static_cast<acc_t>(dyp[o]);
+    cpu::run_vectorized([&](auto) {
+      for (int64_t p = begin; p < end; ++p) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        const scalar_t* dyp = dy + p * out_plane;
+        const int64_t* ip = idx + p * out_plane;
+        for (int64_t o = 0; o < out_plane; ++o) {
+          const int64_t i = ip[o];
+          TORCH_CHECK_INDEX(i >= 0 && i < in_plane, fmp_op_name(g.dims, true), ": indices value ", i,
+                            " is out of range for an input plane of ", in_plane, " elements");
+          acc[i] += static_cast<acc_t>(dyp[o]);
+        }
+        scalar_t* dxp = dx + p * in_plane;
+        for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<scalar_t>(acc[i]);
       }
-      scalar_t* dxp = dx + p * in_plane;
-      for (int64_t i = 0; i < in_plane; ++i) dxp[i] = static_cast<scalar_t>(acc[i]);
-    }
+    });
   });
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "baracuda/checks.h"
+#include "baracuda/cpu_utils.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/repeat.h"
 #include "baracuda/variant.h"
@@ -61,7 +62,8 @@ void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& ou
 
 // dx[c] = sum over tiles k (row-major over the repeat grid) of grad[c + offset(k)],
 // accumulated in acc_t in that fixed order. Parallel over input elements, each
-// chunk split at input-row boundaries so a row's tiles are contiguous runs.
+// chunk split at input-row boundaries so a row's tiles are contiguous runs,
+// added in the CPU's widest vectors (cpu::run_vectorized, cpu::accumulate).
 template <typename scalar_t, typename acc_t>
 void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
   const int64_t s_last = t.size[t.ndim - 1];
@@ -78,26 +80,29 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, tiles));
   at::parallel_for(0, t.input_numel(), grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> acc;
-    for (int64_t c = begin; c < end;) {
-      const int64_t row = c / s_last, col = c % s_last;
-      const int64_t n = std::min(end - c, s_last - col);
-      const scalar_t* g = grad + output_base_of_input_row(t, row) + col;
-      acc.assign(n, acc_t(0));
-      int64_t digit[kMaxTileDims] = {};
-      int64_t offset = 0;
-      for (int64_t k = 0; k < tiles; ++k) {
-        const scalar_t* gk = g + offset;
-        for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<acc_t>(gk[i]);
-        for (int d = t.ndim - 1; d >= 0; --d) {
-          offset += step[d];
-          if (++digit[d] < t.repeat[d]) break;
-          offset -= step[d] * t.repeat[d];
-          digit[d] = 0;
+    cpu::run_vectorized([&](auto vector_bytes) {
+      constexpr int kBytes = decltype(vector_bytes)::value;
+      for (int64_t c = begin; c < end;) {
+        const int64_t row = c / s_last, col = c % s_last;
+        const int64_t n = std::min(end - c, s_last - col);
+        const scalar_t* g = grad + output_base_of_input_row(t, row) + col;
+        acc.assign(n, acc_t(0));
+        int64_t digit[kMaxTileDims] = {};
+        int64_t offset = 0;
+        for (int64_t k = 0; k < tiles; ++k) {
+          const scalar_t* gk = g + offset;
+          cpu::accumulate<kBytes>(acc.data(), gk, n);
+          for (int d = t.ndim - 1; d >= 0; --d) {
+            offset += step[d];
+            if (++digit[d] < t.repeat[d]) break;
+            offset -= step[d] * t.repeat[d];
+            digit[d] = 0;
+          }
         }
+        for (int64_t i = 0; i < n; ++i) dx[c + i] = static_cast<scalar_t>(acc[i]);
+        c += n;
       }
-      for (int64_t i = 0; i < n; ++i) dx[c + i] = static_cast<scalar_t>(acc[i]);
-      c += n;
-    }
+    });
   });
 }
 

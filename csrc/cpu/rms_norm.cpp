@@ -49,13 +49,15 @@ void forward_rows(const T* x, const W* w, T* y, acc_t* rstd, int64_t M, int64_t 
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
   at::parallel_for(0, M, grain, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> x_buf;
-    for (int64_t row = begin; row < end; ++row) {
-      const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
-      T* yr = y + row * N;
-      const acc_t r = acc_t(1) / std::sqrt(dot(xa, xa, N) / static_cast<acc_t>(N) + eps);
-      rstd[row] = r;
-      for (int64_t j = 0; j < N; ++j) yr[j] = static_cast<T>(xa[j] * r * wa[j]);
-    }
+    cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto) {
+      for (int64_t row = begin; row < end; ++row) {
+        const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
+        T* yr = y + row * N;
+        const acc_t r = acc_t(1) / std::sqrt(dot(xa, xa, N) / static_cast<acc_t>(N) + eps);
+        rstd[row] = r;
+        for (int64_t j = 0; j < N; ++j) yr[j] = static_cast<T>(xa[j] * r * wa[j]);
+      }
+    });
   });
 }
 
@@ -71,35 +73,39 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
   std::vector<acc_t> partials(dw != nullptr ? chunks * N : 0);
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     std::vector<acc_t> dy_buf, x_buf, g_buf(dx != nullptr ? N : 0);
-    for (int64_t c = c_begin; c < c_end; ++c) {
-      acc_t* part = dw != nullptr ? partials.data() + c * N : nullptr;
-      const int64_t row_end = std::min(M, (c + 1) * rows_per_chunk);
-      for (int64_t row = c * rows_per_chunk; row < row_end; ++row) {
-        const acc_t* dya = cpu::row_as_acc<acc_t>(dy + row * N, N, dy_buf);
-        const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
-        const acc_t r = rstd[row];
-        if (dx != nullptr) {
-          acc_t* g = g_buf.data();
-          for (int64_t j = 0; j < N; ++j) g[j] = dya[j] * wa[j];
-          const acc_t k = r * r * r * dot(g, xa, N) / static_cast<acc_t>(N);
-          T* dxr = dx + row * N;
-          for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<T>(r * g[j] - xa[j] * k);
-        }
-        if (part != nullptr) {
-          for (int64_t j = 0; j < N; ++j) part[j] += dya[j] * xa[j] * r;
+    cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto) {
+      for (int64_t c = c_begin; c < c_end; ++c) {
+        acc_t* part = dw != nullptr ? partials.data() + c * N : nullptr;
+        const int64_t row_end = std::min(M, (c + 1) * rows_per_chunk);
+        for (int64_t row = c * rows_per_chunk; row < row_end; ++row) {
+          const acc_t* dya = cpu::row_as_acc<acc_t>(dy + row * N, N, dy_buf);
+          const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
+          const acc_t r = rstd[row];
+          if (dx != nullptr) {
+            acc_t* g = g_buf.data();
+            for (int64_t j = 0; j < N; ++j) g[j] = dya[j] * wa[j];
+            const acc_t k = r * r * r * dot(g, xa, N) / static_cast<acc_t>(N);
+            T* dxr = dx + row * N;
+            for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<T>(r * g[j] - xa[j] * k);
+          }
+          if (part != nullptr) {
+            for (int64_t j = 0; j < N; ++j) part[j] += dya[j] * xa[j] * r;
+          }
         }
       }
-    }
+    });
   });
   if (dw == nullptr) return;
   constexpr int64_t kCols = 4096;
   at::parallel_for(0, N, kCols, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> s(end - begin, acc_t(0));
-    for (int64_t c = 0; c < chunks; ++c) {
-      const acc_t* p = partials.data() + c * N + begin;
-      for (int64_t j = 0; j < end - begin; ++j) s[j] += p[j];
-    }
-    for (int64_t j = begin; j < end; ++j) dw[j] = static_cast<W>(s[j - begin]);
+    cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        const acc_t* p = partials.data() + c * N + begin;
+        for (int64_t j = 0; j < end - begin; ++j) s[j] += p[j];
+      }
+      for (int64_t j = begin; j < end; ++j) dw[j] = static_cast<W>(s[j - begin]);
+    });
   });
 }
 
