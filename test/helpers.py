@@ -101,14 +101,19 @@ def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], ex
             assert_close(a, b)
 
 
-def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tensor], batch: int = 3) -> None:
+_FALLBACK_WARNING = "There is a performance drop because we have not yet implemented the batching rule"
+
+
+def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tensor], batch: int = 3,
+                                      batching_rules: bool = True) -> None:
     """fn's gradients under torch.func equal autograd's, bit for bit (the same kernels on the
     same values): ``grad`` of the sum of fn's output and ``vjp`` with a random cotangent, with
     respect to every input; and per-sample gradients, ``vmap`` of ``grad`` over a batch of
-    `batch` variants of the first input (the others shared), against autograd on each variant
-    (under vmap PyTorch runs an op without a batching rule once per sample, with a warning).
-    Forward mode: ``jacfwd`` equals ``jacrev`` (within rounding: another formula), and the
-    tangent of ``torch.autograd.forward_ad`` equals ``torch.func.jvp``'s."""
+    `batch` variants of the first input (the others shared), against autograd on each variant,
+    within rounding (a batching rule runs the batch as one call, whose kernel may sum in
+    another order) and, with `batching_rules`, without PyTorch's per-sample fallback (which
+    warns) for any op. Forward mode: ``jacfwd`` equals ``jacrev`` (within rounding: another
+    formula), and the tangent of ``torch.autograd.forward_ad`` equals ``torch.func.jvp``'s."""
     inputs = [x.detach() for x in inputs]
 
     def autograd(args, cotangent=None):
@@ -127,16 +132,17 @@ def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tenso
     same(vjp_fn(cotangent), autograd(inputs, cotangent))
     first = torch.stack([inputs[0] * (1 + k) for k in range(batch)])
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the per-sample fallback's performance warning
+        if batching_rules:
+            warnings.filterwarnings("error", _FALLBACK_WARNING)
+        else:
+            warnings.filterwarnings("ignore", _FALLBACK_WARNING)
         per_sample = torch.func.vmap(torch.func.grad(lambda *a: fn(*a).sum(), argnums=argnums),
                                      in_dims=(0,) + (None,) * (len(inputs) - 1))(first, *inputs[1:])
-    want = [autograd([first[k], *inputs[1:]]) for k in range(batch)]
-    same(per_sample, [torch.stack([w[i] for w in want]) for i in range(len(inputs))])
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
         forward = torch.func.jacfwd(fn, argnums=argnums)(*inputs)
         reverse = torch.func.jacrev(fn, argnums=argnums)(*inputs)
+    want = [autograd([first[k], *inputs[1:]]) for k in range(batch)]
+    for got, expected in zip(per_sample, [torch.stack([w[i] for w in want]) for i in range(len(inputs))], strict=True):
+        torch.testing.assert_close(got, expected)
     for a, b in zip(forward, reverse, strict=True):
         torch.testing.assert_close(a, b)
     tangents = [torch.randn_like(x) for x in inputs]
@@ -144,6 +150,40 @@ def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tenso
     with forward_ad.dual_level():
         dual_out = fn(*[forward_ad.make_dual(x, t) for x, t in zip(inputs, tangents)])
         same([forward_ad.unpack_dual(dual_out).tangent], [tangent])
+
+
+def check_vmap_matches_per_sample(fn: Callable, inputs: Sequence, in_dims: Sequence[int | None],
+                                  exact: bool = True) -> None:
+    """``torch.vmap(fn, in_dims)`` equals fn on each sample, stacked (bit for bit with `exact`,
+    else within rounding), without PyTorch's per-sample fallback (which warns) for any op; and
+    over a batch of zero samples gives the same shapes with a leading 0. `fn` returns a tensor
+    or a tuple of tensors (or None)."""
+    size = next(x.shape[d] for x, d in zip(inputs, in_dims) if d is not None)
+
+    def stacked(outs):
+        if isinstance(outs[0], tuple):
+            return tuple(None if o is None else torch.stack([out[i] for out in outs]) for i, o in enumerate(outs[0]))
+        return torch.stack(outs)
+
+    def as_tuple(out):
+        return out if isinstance(out, tuple) else (out,)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", _FALLBACK_WARNING)
+        got = torch.func.vmap(fn, in_dims=tuple(in_dims))(*inputs)
+        empty = [x.narrow(d, 0, 0) if d is not None else x for x, d in zip(inputs, in_dims)]
+        got_empty = torch.func.vmap(fn, in_dims=tuple(in_dims))(*empty)
+    want = stacked([fn(*[x.select(d, k) if d is not None else x for x, d in zip(inputs, in_dims)])
+                    for k in range(size)])
+    for a, b, e in zip(as_tuple(got), as_tuple(want), as_tuple(got_empty), strict=True):
+        if b is None:
+            assert a is None and e is None
+            continue
+        if exact:
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(a, b, equal_nan=True)
+        assert e.shape == (0, *b.shape[1:]) and e.dtype == b.dtype, (e.shape, b.shape)
 
 
 class _Wrap(torch.nn.Module):

@@ -8,6 +8,7 @@ import baracuda_ops
 from baracuda_ops.ops.alibi import reference, reference_slope_grad
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager,
                      check_cuda_graph_matches_eager, check_export_matches_eager, check_torch_func_matches_autograd,
+                     check_vmap_matches_per_sample,
                      needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
@@ -276,6 +277,31 @@ def test_torch_func_grad_vjp_and_per_sample_grads(device):
     slopes = random((3,), torch.float64, device)
     check_torch_func_matches_autograd(lambda s, x: baracuda_ops.alibi(x, s), [slopes, scores])
     check_torch_func_matches_autograd(lambda x, s: baracuda_ops.alibi(x[None], s)[0], [scores[0], slopes])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vmap_batching_rules(device, dtype):
+    # The samples join the batch; with a slope per sample, or a slope gradient per sample, the
+    # heads. The forward is elementwise (the same bits); on CUDA the slope sums over a longer
+    # head list may add in another order (within rounding there).
+    exact = device.type == "cpu"
+    scores = random((3, 2, 4, 5, 6), dtype, device)
+    slopes, per_sample_slopes = random((4,), torch.float32, device), random((3, 4), torch.float32, device)
+    forward = lambda x, s: torch.ops.baracuda.alibi(x, s)  # noqa: E731
+    check_vmap_matches_per_sample(forward, [scores, slopes], [0, None])
+    check_vmap_matches_per_sample(forward, [scores, per_sample_slopes], [0, 0])
+    check_vmap_matches_per_sample(forward, [scores[0], per_sample_slopes], [None, 0])
+    check_vmap_matches_per_sample(forward, [scores.movedim(0, 3), per_sample_slopes.T], [3, 1])
+    for mask in ([True, True], [True, False], [False, True]):
+        backward = lambda g, s: tuple(  # noqa: E731  (vmap returns no None: the outputs asked for)
+            o for o in torch.ops.baracuda.alibi_backward(g, s, mask) if o is not None)
+        check_vmap_matches_per_sample(backward, [scores, slopes], [0, None], exact or not mask[1])
+        check_vmap_matches_per_sample(backward, [scores, per_sample_slopes], [0, 0], exact or not mask[1])
+        check_vmap_matches_per_sample(backward, [scores[0], per_sample_slopes], [None, 0], exact or not mask[1])
+    with pytest.raises(ValueError, match=r"scores must be 4-D \[B, H, Q, K\], got shape \[4, 5, 6\]"):
+        torch.func.vmap(forward, in_dims=(0, None))(scores[0], slopes)
+    with pytest.raises(ValueError, match=r"slopes shape \[5\] != expected \[4\]"):
+        torch.func.vmap(forward)(scores, random((3, 5), torch.float32, device))
 
 
 def test_export_dynamic_matches_eager(device):

@@ -9,6 +9,7 @@ from expecttest import TestCase
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager,
                      check_cuda_graph_matches_eager, check_export_matches_eager, check_torch_func_matches_autograd,
+                     check_vmap_matches_per_sample,
                      needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 
@@ -621,6 +622,36 @@ def test_torch_func_grad_vjp_and_per_sample_grads(device, dims):
     check_torch_func_matches_autograd(lambda x: pool(x, 2, output_size=4, _random_samples=samples), [x])
     check_torch_func_matches_autograd(
         lambda x: torch.func.grad(lambda y: pool(y, 2, output_size=4, _random_samples=samples).pow(3).sum())(x), [x])
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("batched_input", [True, False])
+def test_vmap_batching_rules(device, dims, batched_input):
+    # The samples join the batch of planes (one call, the same bits), the random samples with
+    # them (each sample's first N rows), for the forward and the backward.
+    name = f"fractional_max_pool{dims}d"
+    op, backward_op = getattr(torch.ops.baracuda, name), getattr(torch.ops.baracuda, f"{name}_backward")
+    planes = (2, 3) if batched_input else (3,)
+    x = random((4, *planes) + (9,) * dims, torch.float32, device)
+    samples = torch.rand(planes[0] if batched_input else 1, 3, dims, device=device)
+    per_sample_samples = torch.rand(4, samples.shape[0] + 1, 3, dims, device=device)
+    forward = lambda x, s: op(x, [2] * dims, [5] * dims, s)  # noqa: E731
+    check_vmap_matches_per_sample(forward, [x, samples], [0, None])
+    check_vmap_matches_per_sample(forward, [x, per_sample_samples], [0, 0])
+    check_vmap_matches_per_sample(forward, [x[0], per_sample_samples], [None, 0])
+    check_vmap_matches_per_sample(forward, [x.movedim(0, 1), per_sample_samples.movedim(0, 2)], [1, 2])
+    _, indices = torch.func.vmap(forward)(x, per_sample_samples)
+    grad = random(indices.shape, torch.float32, device)
+    backward = lambda g, x, i: backward_op(g, x, [2] * dims, [5] * dims, i)  # noqa: E731
+    check_vmap_matches_per_sample(backward, [grad, x, indices], [0, 0, 0])
+    check_vmap_matches_per_sample(backward, [grad, x[0], indices], [0, None, 0])
+    check_vmap_matches_per_sample(backward, [grad, x[0], indices[0]], [0, None, None])
+    with pytest.raises(ValueError, match=r"random_samples shape \[1, 3, %d\] != expected \[N >= 2, 3, %d\]"
+                       % (dims, dims)):
+        torch.func.vmap(lambda x: op(x, [2] * dims, [5] * dims, samples[:1]))(
+            random((4, 2, 3) + (9,) * dims, torch.float32, device))
+    with pytest.raises(ValueError, match=r"grad_output shape"):
+        torch.func.vmap(lambda g: backward_op(g, x[0], [2] * dims, [5] * dims, indices[0]))(grad[..., :4])
 
 
 def test_export_dynamic_matches_eager(device):

@@ -6,7 +6,8 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus,
+                     check_export_matches_eager, check_torch_func_matches_autograd,
+                     check_vmap_matches_per_sample, needs_two_gpus,
                      check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 # (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
@@ -130,6 +131,25 @@ def test_torch_func_grad_vjp_and_per_sample_grads(device):
     check_torch_func_matches_autograd(
         lambda x: torch.func.grad(lambda y: (baracuda_ops.repeat(y, (2, 3)) ** 3).sum())(x),
         [random((4, 5), torch.float64, device)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vmap_batching_rules(device, dtype):
+    # The samples are one more leading dim, repeated once (one call, the same bits).
+    x = random((3, 4, 5), dtype, device)
+    for repeats in ([2, 3], [2, 1, 3], [1, 2, 2, 1]):
+        check_vmap_matches_per_sample(lambda x: torch.ops.baracuda.repeat(x, repeats), [x], [0])
+        check_vmap_matches_per_sample(lambda x: torch.ops.baracuda.repeat(x, repeats), [x], [2])
+        out_shape = torch.ops.baracuda.repeat(x[0], repeats).shape
+        grad = random((3, *out_shape), dtype, device)
+        check_vmap_matches_per_sample(lambda g: torch.ops.baracuda.repeat_backward(g, repeats, [4, 5]), [grad], [0])
+        check_vmap_matches_per_sample(lambda g: torch.ops.baracuda.repeat_backward(g, repeats, [4, 5]),
+                                      [grad.movedim(0, -1)], [-1])
+    with pytest.raises(ValueError, match=r"repeats \[2\] has 1 entries but the input has 2 dims"):
+        torch.func.vmap(lambda x: baracuda_ops.repeat(x, (2,)))(x)
+    with pytest.raises(ValueError, match=r"grad shape \[8, 10\] != expected \[8, 8\]"):
+        torch.func.vmap(lambda g: torch.ops.baracuda.repeat_backward(g, [2, 2], [4, 4]))(random((3, 8, 10), dtype,
+                                                                                               device))
 
 
 def test_export_dynamic_matches_eager(device):

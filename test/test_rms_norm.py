@@ -9,6 +9,7 @@ from expecttest import TestCase
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager,
                      check_cuda_graph_matches_eager, check_export_matches_eager, check_torch_func_matches_autograd,
+                     check_vmap_matches_per_sample,
                      needs_two_gpus, check_second_gpu_matches_first, opcheck, poison, random, require_free_gpu_memory)
 
 HALF = (torch.float16, torch.bfloat16)
@@ -408,6 +409,38 @@ def test_torch_func_grad_vjp_and_per_sample_grads(device):
     check_torch_func_matches_autograd(lambda x, w: baracuda_ops.rms_norm(x, (3, 8), w),
                                       [random((4, 3, 8), torch.float64, device), random((3, 8), torch.float64, device)])
     check_torch_func_matches_autograd(lambda x: baracuda_ops.rms_norm(x, 8), [random((5, 8), torch.float32, device)])
+
+
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                                (torch.float64, torch.float64)])
+def test_vmap_batching_rules(device, dtype, weight_dtype):
+    # The samples join the rows (one call; on CUDA the larger launch may sum a row in another
+    # order, so within rounding there); a weight per sample runs per sample (bit for bit).
+    exact = device.type == "cpu"
+    x, x_inner = random((3, 5, 8), dtype, device), random((5, 3, 4, 8), dtype, device)
+    w, ws = random((8,), weight_dtype, device), random((3, 8), weight_dtype, device)
+    forward = lambda x, w: torch.ops.baracuda.rms_norm(x, [8], w, None)  # noqa: E731
+    check_vmap_matches_per_sample(forward, [x, w], [0, None], exact)
+    check_vmap_matches_per_sample(forward, [x_inner, w], [1, None], exact)
+    check_vmap_matches_per_sample(forward, [x, ws], [0, 0])
+    check_vmap_matches_per_sample(forward, [x[0], ws], [None, 0])
+    check_vmap_matches_per_sample(lambda x: torch.ops.baracuda.rms_norm(x, [4, 8], None, 1e-3), [x_inner], [1], exact)
+
+    y, rstd = torch.ops.baracuda.rms_norm(x, [8], w, None)
+    dy = random(x.shape, dtype, device)
+    for mask in ([True, True], [True, False], [False, True]):
+        backward = lambda dy, x, rstd, w: tuple(  # noqa: E731  (vmap returns no None: the outputs asked for)
+            g for g in torch.ops.baracuda.rms_norm_backward(dy, x, [8], rstd, w, mask) if g is not None)
+        # dW per sample is summed by torch ops, not the op's kernel: within rounding
+        check_vmap_matches_per_sample(backward, [dy, x, rstd, w], [0, 0, 0, None], exact and not mask[1])
+        check_vmap_matches_per_sample(backward, [dy, x[0], rstd[0], w], [0, None, None, None], exact and not mask[1])
+        check_vmap_matches_per_sample(backward, [dy, x, rstd, ws], [0, 0, 0, 0])
+    check_vmap_matches_per_sample(lambda dy, x, rstd: torch.ops.baracuda.rms_norm_backward(
+        dy, x, [8], rstd, None, [True, True])[0], [dy, x, rstd], [0, 0, 0], exact)
+
+    with pytest.raises(ValueError, match=r"normalized_shape \[4, 8\] does not match the trailing dims of input "
+                                         r"shape \[8\]"):
+        torch.func.vmap(lambda x: baracuda_ops.rms_norm(x, (4, 8)))(random((4, 8), dtype, device))
 
 
 @pytest.mark.parametrize("dtype,weight_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from .._autograd import register_autograd
+from .._vmap import arg_dims, batch_first, sample_meta
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -214,6 +215,45 @@ def _alibi_inplace_autograd(keyset, scores, slopes):
 
 _lib = torch.library.Library("baracuda", "IMPL")  # noqa: TOR901  (kept alive with the module)
 _lib.impl("alibi_inplace", _alibi_inplace_autograd, "Autograd", with_keyset=True)
+
+
+# --------------------------------------------------------------------------- vmap
+#
+# The samples join the batch ([n * B, H, Q, K]); where the slopes differ per sample, or each
+# sample needs its own slope gradient, they join the heads instead ([B, n * H, Q, K], slopes
+# [n * H]), since every head has its own slope and its own slope sum. (alibi_inplace has no
+# rule: alibi_ is not supported under torch.func.)
+
+
+@torch.library.register_vmap("baracuda::alibi")
+def _alibi_vmap(info, in_dims, scores, slopes):
+    scores_dim, slopes_dim = arg_dims(in_dims, 2)
+    _alibi_fake(sample_meta(scores, scores_dim), sample_meta(slopes, slopes_dim))  # a sample's checks
+    n = info.batch_size
+    scores = batch_first(scores, scores_dim, n)
+    batch, heads = scores.shape[1], scores.shape[2]
+    if slopes_dim is None:
+        return torch.ops.baracuda.alibi(scores.flatten(0, 1), slopes).unflatten(0, (n, batch)), 0
+    slopes = slopes.movedim(slopes_dim, 0).flatten()
+    return torch.ops.baracuda.alibi(scores.transpose(0, 1).flatten(1, 2), slopes).unflatten(1, (n, heads)), 1
+
+
+@torch.library.register_vmap("baracuda::alibi_backward")
+def _alibi_backward_vmap(info, in_dims, grad, slopes, output_mask):
+    grad_dim, slopes_dim, _ = arg_dims(in_dims, 3)
+    _alibi_backward_fake(sample_meta(grad, grad_dim), sample_meta(slopes, slopes_dim), output_mask)
+    n = info.batch_size
+    grad = batch_first(grad, grad_dim, n)
+    batch, heads = grad.shape[1], grad.shape[2]
+    if not output_mask[1] and slopes_dim is None:
+        grad_scores, _ = torch.ops.baracuda.alibi_backward(grad.flatten(0, 1), slopes, output_mask)
+        return (grad_scores.unflatten(0, (n, batch)), None), (0, None)
+    slopes = batch_first(slopes, slopes_dim, n).reshape(n * heads)
+    grad_scores, grad_slopes = torch.ops.baracuda.alibi_backward(grad.transpose(0, 1).flatten(1, 2), slopes,
+                                                                 output_mask)
+    return ((None if grad_scores is None else grad_scores.unflatten(1, (n, heads)),
+             None if grad_slopes is None else grad_slopes.unflatten(0, (n, heads))),
+            (None if grad_scores is None else 1, None if grad_slopes is None else 0))
 
 
 # --------------------------------------------------------------------------- Plan API

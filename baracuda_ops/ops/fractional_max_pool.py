@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .._autograd import DifferentiableOp, register_autograd
+from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -164,6 +165,50 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
     def backward_jvp(ctx, grad_output_tangent, _x, _kernel_size, _output_size, _indices):
         x, indices = ctx.saved_tensors
         return _POOL_BACKWARD[dims](grad_output_tangent, x, ctx.kernel_size, ctx.output_size, indices)  # linear
+
+    # vmap: the samples join the batch of planes ([n * N, C, ...]; a sample of 3-D / 4-D input,
+    # [C, ...], makes them the batch), and the random samples with them (each sample's first N).
+
+    def fold(t, bdim, n, batched_input):
+        t = batch_first(t, bdim, n)
+        return t.flatten(0, 1) if batched_input else t
+
+    @torch.library.register_vmap(f"baracuda::{name}")
+    def _vmap(info, in_dims, x, kernel_size, output_size, random_samples):
+        in_dims = arg_dims(in_dims, 4)
+        one, samples_one = sample_meta(x, in_dims[0]), sample_meta(random_samples, in_dims[3])
+        _fake(one, kernel_size, output_size, samples_one)  # a sample's shape checks
+        batched_input = one.dim() == dims + 2
+        planes = one.shape[0] if batched_input else 1
+        if list(samples_one.shape[1:]) != [one.shape[-dims - 1], dims] or samples_one.shape[0] < planes:
+            return per_sample(getattr(torch.ops.baracuda, name).default, info.batch_size, in_dims, x, kernel_size,
+                              output_size, random_samples)  # the op's error for the random samples
+        n = info.batch_size
+        samples = batch_first(random_samples, in_dims[3], n)[:, :planes].flatten(0, 1)
+        output, indices = getattr(torch.ops.baracuda, name)(fold(x, in_dims[0], n, batched_input), kernel_size,
+                                                            output_size, samples)
+        if batched_input:
+            output, indices = output.unflatten(0, (n, planes)), indices.unflatten(0, (n, planes))
+        return (output, indices), (0, 0)
+
+    @torch.library.register_vmap(f"baracuda::{bname}")
+    def _backward_vmap(info, in_dims, grad_output, x, kernel_size, output_size, indices):
+        in_dims = arg_dims(in_dims, 5)
+        one = sample_meta(x, in_dims[1])
+        expected = _output_shape(bname, dims, one.shape, kernel_size, output_size)
+        given = (sample_meta(grad_output, in_dims[0]).shape, sample_meta(indices, in_dims[4]).shape)
+        if any(list(shape) != expected for shape in given):
+            return per_sample(getattr(torch.ops.baracuda, bname).default, info.batch_size, in_dims, grad_output, x,
+                              kernel_size, output_size, indices)  # the op's shape error
+        n = info.batch_size
+        batched_input = one.dim() == dims + 2
+        shape = [n * one.shape[0], *one.shape[1:]] if batched_input else [n, *one.shape]
+        # The backward reads only the shape, dtype and device of x: a stride-0 stand-in of the
+        # folded shape saves copying x.
+        grad_input = getattr(torch.ops.baracuda, bname)(
+            fold(grad_output, in_dims[0], n, batched_input), x.new_empty(()).expand(shape), kernel_size, output_size,
+            fold(indices, in_dims[4], n, batched_input))
+        return (grad_input.unflatten(0, (n, one.shape[0])) if batched_input else grad_input), 0
 
     return (register_autograd(name, backward, setup_context, jvp),
             register_autograd(bname, double_backward, backward_setup_context, backward_jvp))

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from .._autograd import register_autograd
+from .._vmap import arg_dims, per_sample, sample_meta
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -100,6 +101,33 @@ def _repeat_backward_jvp(ctx, grad_tangent, _repeats, _input_shape):
 _Repeat = register_autograd("repeat", _repeat_autograd, _repeat_setup_context, _repeat_jvp)
 _RepeatBackward = register_autograd("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context,
                                     _repeat_backward_jvp)
+
+
+# --------------------------------------------------------------------------- vmap
+#
+# The samples are one more leading dim, repeated once: x [n, 1, .., 1, *S] (S padded on the
+# left to len(repeats) dims) with repeats [1, *repeats], and the backward's tile sums with it.
+
+
+@torch.library.register_vmap("baracuda::repeat")
+def _repeat_vmap(info, in_dims, x, repeats):
+    x_dim = arg_dims(in_dims, 2)[0]
+    _repeat_fake(sample_meta(x, x_dim), repeats)  # a sample's checks, with its shape in the message
+    x = x.movedim(x_dim, 0)
+    x = x[(slice(None),) + (None,) * (len(repeats) - (x.dim() - 1))]
+    return torch.ops.baracuda.repeat(x, [1, *repeats]), 0
+
+
+@torch.library.register_vmap("baracuda::repeat_backward")
+def _repeat_backward_vmap(info, in_dims, grad, repeats, input_shape):
+    grad_dim = arg_dims(in_dims, 3)[0]
+    if list(sample_meta(grad, grad_dim).shape) != _output_shape("repeat_backward", input_shape, repeats):
+        return per_sample(torch.ops.baracuda.repeat_backward.default, info.batch_size, arg_dims(in_dims, 3), grad,
+                          repeats, input_shape)
+    grad = grad.movedim(grad_dim, 0)
+    padded = [1] * (len(repeats) - len(input_shape)) + list(input_shape)
+    grad_input = torch.ops.baracuda.repeat_backward(grad, [1, *repeats], [grad.shape[0], *padded])
+    return grad_input.reshape(grad.shape[0], *input_shape), 0
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -42,6 +42,7 @@ from typing import Sequence
 import torch
 
 from .._autograd import register_autograd, register_without_backward
+from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -179,6 +180,44 @@ _RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_con
 _RMSNormBackward = register_without_backward(
     "rms_norm_backward", "baracuda::rms_norm_backward: double backward (the gradient of rms_norm's gradient) "
     "is not supported")
+
+
+# --------------------------------------------------------------------------- vmap
+#
+# The samples become more rows of one call; a weight that differs per sample cannot be folded
+# so, and runs once per sample.
+
+
+@torch.library.register_vmap("baracuda::rms_norm")
+def _rms_norm_vmap(info, in_dims, x, normalized_shape, weight=None, eps=None):
+    in_dims = arg_dims(in_dims, 4)
+    if in_dims[2] is not None or in_dims[0] is None:
+        return per_sample(torch.ops.baracuda.rms_norm.default, info.batch_size, in_dims, x, normalized_shape,
+                          weight, eps)
+    _check_dims("rms_norm", sample_meta(x, in_dims[0]).shape, normalized_shape)
+    return torch.ops.baracuda.rms_norm(x.movedim(in_dims[0], 0), normalized_shape, weight, eps), (0, 0)
+
+
+@torch.library.register_vmap("baracuda::rms_norm_backward")
+def _rms_norm_backward_vmap(info, in_dims, grad_out, x, normalized_shape, rstd, weight, output_mask):
+    """dx from one call over the samples' rows; dW per sample, ``sum_rows dy * x * rstd`` in the
+    computation type over each sample's rows by torch ops (one call cannot keep the samples'
+    sums apart), equal to the op's dW within rounding."""
+    in_dims = arg_dims(in_dims, 6)
+    if in_dims[4] is not None:
+        return per_sample(torch.ops.baracuda.rms_norm_backward.default, info.batch_size, in_dims, grad_out, x,
+                          normalized_shape, rstd, weight, output_mask)
+    _check_dims("rms_norm_backward", sample_meta(x, in_dims[1]).shape, normalized_shape)
+    n = info.batch_size
+    dy, x, rstd = (batch_first(t, in_dims[i], n) for t, i in ((grad_out, 0), (x, 1), (rstd, 3)))
+    grad_input = grad_weight = None
+    if output_mask[0]:
+        grad_input, _ = torch.ops.baracuda.rms_norm_backward(dy, x, normalized_shape, rstd, weight, [True, False])
+    if output_mask[1] and weight is not None:
+        terms = dy.to(rstd.dtype) * x.to(rstd.dtype) * rstd
+        rows = tuple(range(1, x.dim() - len(normalized_shape)))
+        grad_weight = (terms.sum(dim=rows) if rows else terms).to(weight.dtype)
+    return (grad_input, grad_weight), (None if grad_input is None else 0, None if grad_weight is None else 0)
 
 
 # --------------------------------------------------------------------------- Plan API
