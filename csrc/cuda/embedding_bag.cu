@@ -738,7 +738,7 @@ __global__ void __launch_bounds__(kEarlyFillThreads)
 }
 
 // The unused-row fill's grid. Early (beside the sort): one CTA of kEarlyFillThreads
-// on half the SMs (two thirds in max mode). Beside 2 CTAs of 256 threads on every
+// on half the SMs (three quarters in max mode). Beside 2 CTAs of 256 threads on every
 // SM, CUB's sort kernels, launched after them, waited for room: at V = 4e6, D = 64
 // bf16 Zipf the sort's histogram kernel took 121 instead of 5 us (the likeliest
 // reading: an SM holding fill CTAs keeps the shared-memory carveout of a kernel that
@@ -747,7 +747,9 @@ __global__ void __launch_bounds__(kEarlyFillThreads)
 // V = 1e6, D = 256 bf16 279.2 -> 244.5; fewer SMs starved the fill (a third: 294.1,
 // 350.5 and 298.5), more left the sort less room (two thirds: 217.2, 279.2 and
 // 250.3, equal or slower), except in max mode (V = 1e6, D = 128 float32: 274.4 on half, 258.3 on two
-// thirds, 262-268 before). Late (beside the sums only): kLateFillCtasPerSm CTAs of
+// thirds, 262-268 before; session 40, one process, 4 runs of 6-10 rounds: three quarters
+// 245.9-250.5 against two thirds' 250.0-254.6, every run 2.5-7 us faster; 0.72-0.85
+// within that spread). Late (beside the sums only): kLateFillCtasPerSm CTAs of
 // kLateFillThreads on every SM, which stayed best there (V = 4e6, D = 64 bag 100
 // Zipf 443.5 us, 465.3 with the early grid).
 struct FillShape {
@@ -758,7 +760,7 @@ struct FillShape {
 FillShape fill_shape(bool early, bool max_mode, int64_t num_weights) {
   const int64_t sms = cuda::num_sms();
   const int threads = early ? kEarlyFillThreads : kLateFillThreads;
-  const int64_t most = !early ? sms * kLateFillCtasPerSm : max_mode ? sms * 2 / 3 : sms / 2;
+  const int64_t most = !early ? sms * kLateFillCtasPerSm : max_mode ? sms * 3 / 4 : sms / 2;
   return {std::max<int64_t>(1, std::min(ceil_div<int64_t>(num_weights, threads), most)), threads};  // 32 rows a warp
 }
 
