@@ -4,9 +4,10 @@ Without a rule, vmap runs an op once per sample (PyTorch's fallback, with a perf
 warning). A family's rule (``torch.library.register_vmap``, next to the op's fake) instead
 folds the vmapped dim into a dim the op already runs over (the rows of rms_norm, the batch of
 alibi and fractional_max_pool, the heads of alibi where the slopes differ per sample, a
-leading dim of repeat) and calls the op once; where no dim can take it (a weight that differs
-per sample in rms_norm), and for inputs that are wrong per sample (so that the op's own error
-names them), the rule calls the op once per sample itself (:func:`per_sample`).
+leading dim of repeat, the bags of embedding_bag and the rows of its stacked tables) and calls
+the op once; where no dim can take it (a weight that differs per sample in rms_norm), and for
+inputs that are wrong per sample (so that the op's own error names them), the rule calls the
+op once per sample itself (:func:`per_sample`).
 
 A rule calls the ops themselves (``torch.ops.baracuda.*``), not their ``DifferentiableOp``:
 it runs below the vmap level, where applying an autograd.Function fails (PyTorch's

@@ -6,7 +6,8 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.ops.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
-                     check_export_matches_eager, check_torch_func_matches_autograd, needs_two_gpus,
+                     check_export_matches_eager, check_torch_func_matches_autograd, check_vmap_matches_per_sample,
+                     needs_two_gpus,
                      check_second_gpu_matches_first, opcheck, outputs_and_grads, poison, require_free_gpu_memory)
 
 MODES = ("sum", "mean", "max")
@@ -232,17 +233,72 @@ def test_compile_fullgraph_dynamic_matches_eager(device):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_torch_func_grad_vjp_and_per_sample_grads(device, mode):
-    # Per-sample gradients over the weight, and (sum mode) over per_sample_weights; embedding_bag
-    # has no batching rule (vmap runs it once per sample).
+    # Per-sample gradients over the weight, and (sum mode) over per_sample_weights.
     idx, off = make_bags(device)
     w = torch.randn(25, 6, dtype=torch.float64, device=device)
-    check_torch_func_matches_autograd(lambda w: baracuda_ops.embedding_bag(idx, w, off, mode=mode), [w],
-                                      batching_rules=False)
+    check_torch_func_matches_autograd(lambda w: baracuda_ops.embedding_bag(idx, w, off, mode=mode), [w])
     if mode == "sum":
         psw = torch.randn(40, dtype=torch.float64, device=device)
         check_torch_func_matches_autograd(
-            lambda p, w: baracuda_ops.embedding_bag(idx, w, off, mode="sum", per_sample_weights=p), [psw, w],
-            batching_rules=False)
+            lambda p, w: baracuda_ops.embedding_bag(idx, w, off, mode="sum", per_sample_weights=p), [psw, w])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_vmap_batching_rules(device, mode, index_dtype):
+    # The samples become more bags of one call over one table (the weights stacked when they
+    # differ per sample); on CUDA the backward's sums may group differently (within rounding).
+    exact = device.type == "cpu"
+    n, num_weights, mode_enum = 3, 25, MODE_ENUM[mode]
+    weight, weights = (torch.randn(*shape, device=device) for shape in ((num_weights, 6), (n, num_weights, 6)))
+    idx = torch.stack([make_bags(device, index_dtype)[0] for _ in range(n)])
+    off = torch.stack([make_bags(device, index_dtype)[1], torch.tensor([0, 0, 1, 9, 9, 30, 39], device=device,
+                                                                        dtype=index_dtype),
+                       torch.tensor([0, 2, 4, 8, 16, 32, 40], device=device, dtype=index_dtype)])
+    fixed = idx.view(n, 8, 5)
+    psw = torch.randn(n, 40, device=device) if mode == "sum" else None
+    for padding_idx in (-1, 3):
+        for include_last_offset in (False, True):
+            def forward(w, i, o, p=None):
+                return torch.ops.baracuda.embedding_bag(w, i, o, mode_enum, p, include_last_offset, padding_idx)
+
+            for dims in ((None, 0, 0), (0, 0, 0), (0, None, None), (0, 0, None), (None, 0, None)):
+                args = [t if d is not None else t[0] for t, d in zip((weights, idx, off), dims)]
+                check_vmap_matches_per_sample(forward, args, dims, exact)
+            if psw is not None:
+                check_vmap_matches_per_sample(forward, [weight, idx, off, psw], [None, 0, 0, 0], exact)
+        check_vmap_matches_per_sample(lambda w, i: torch.ops.baracuda.embedding_bag(w, i, None, mode_enum, None, False,
+                                                                                    padding_idx),
+                                      [weights, fixed], [0, 0], exact)
+        _, offset2bag, bag_size, max_positions = torch.func.vmap(
+            lambda w, i: torch.ops.baracuda.embedding_bag(w, i, off[0], mode_enum, None, False, padding_idx))(weights,
+                                                                                                             idx)
+        grad = torch.randn(n, 7, 6, device=device)
+
+        def backward(g, i, o2b, size, positions):
+            return torch.ops.baracuda.embedding_bag_backward(g, i, o2b, size, positions, num_weights, mode_enum, None,
+                                                             padding_idx)
+
+        check_vmap_matches_per_sample(backward, [grad, idx, offset2bag, bag_size, max_positions], [0] * 5, exact)
+        if mode == "sum":
+            check_vmap_matches_per_sample(
+                lambda g, w, i, o2b: torch.ops.baracuda.embedding_bag_per_sample_weights_backward(g, w, i, o2b, 0,
+                                                                                                 padding_idx),
+                [grad, weights, idx, offset2bag], [0] * 4, exact)
+    # A sample's bad index or offsets: the op's error on CPU; on CUDA its flags (NaN row,
+    # bag_size -1), bag by bag as the op flags them per sample.
+    bad_idx, bad_off = idx.clone(), off.clone()
+    bad_idx[1, 7] = num_weights + 4
+    bad_off[2, 0], bad_off[1, 6] = 2, 45  # (no decreasing offsets: overlapping bags race on offset2bag)
+    if device.type == "cpu":
+        with pytest.raises(IndexError, match=r"indices\[7\] = 29 is out of range for 25 embeddings"):
+            torch.func.vmap(lambda i: baracuda_ops.embedding_bag(i, weight, off[0], mode=mode))(bad_idx)
+        with pytest.raises(ValueError, match=r"offsets\[6\] = 45 is past the end of indices \(40 indices\)"):
+            torch.func.vmap(lambda o: baracuda_ops.embedding_bag(idx[0], weight, o, mode=mode))(bad_off)
+    else:
+        check_vmap_matches_per_sample(
+            lambda w, i, o: torch.ops.baracuda.embedding_bag(w, i, o, mode_enum, None, False, -1),
+            [weights, bad_idx, bad_off], [0, 0, 0], exact=False)
 
 
 def test_export_dynamic_matches_eager(device):

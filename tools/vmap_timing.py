@@ -26,6 +26,9 @@ def cases(device: torch.device, n: int):
            lambda x, s: baracuda_ops.alibi(x, s).square().sum(), (rand(n, 1, 8, 128, 128), slopes), (0, 1))
     yield ("repeat [64, 256] x (4, 2) float32", lambda x: baracuda_ops.repeat(x, (4, 2)).square().sum(),
            (rand(n, 64, 256),), (0,))
+    bags = torch.randint(0, 1000, (32, 8), device=device)
+    yield ("embedding_bag [1000, 64] (a table per sample), 32 bags of 8, sum, grad w.r.t. weight",
+           lambda w, i: baracuda_ops.embedding_bag(i, w, mode="sum").square().sum(), (rand(n, 1000, 64), bags), (0,))
     samples = torch.rand(2, 16, 2, device=device)
     yield ("fractional_max_pool2d [2, 16, 32, 32] k=2 -> 16 float32",
            lambda x: baracuda_ops.fractional_max_pool2d(x, 2, output_size=16, _random_samples=samples).square().sum(),

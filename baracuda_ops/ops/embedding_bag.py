@@ -43,6 +43,7 @@ from typing import Sequence
 import torch
 
 from .._autograd import register_autograd, register_without_backward
+from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._plan import (
     InvalidProblemError,
     Plan,
@@ -338,6 +339,168 @@ _EmbeddingBag = register_autograd("embedding_bag", _backward, _setup_context, _j
 _EmbeddingBagBackward, _PerSampleWeightsBackward = (
     register_without_backward(op, f"baracuda::{op}: double backward of embedding_bag is not supported")
     for op in ("embedding_bag_backward", "embedding_bag_per_sample_weights_backward"))
+
+
+# --------------------------------------------------------------------------- vmap
+#
+# The samples become more bags of one call. Their indices index one table: the weight itself
+# when it is shared, else the samples' weights stacked ([n * V, D]), each sample's indices moved
+# to its rows (padding entries kept: the one padding value names no moved row; out-of-range ones
+# set to -1, out of range still). Fixed-size bags ([nb, L] a sample) stack; bags given by
+# offsets are laid end to end with include_last_offset, each sample's offsets clamped into
+# [0, L] and moved by its first position, closed by one extra bag over whatever follows its last
+# bag (dropped from the outputs, its positions in no bag). A sample's bag whose offsets break
+# the rules (first not 0, decreasing, past L) is flagged as the op flags it on CUDA (NaN row,
+# bag_size -1, max positions -1); on CPU, where the op raises for bad values, such a batch runs
+# per sample and raises the op's error (so does a batch of no samples: no table to fold). The
+# backward ops fold the same way and give each sample its own gradient rows.
+
+
+def _rows_of_samples(indices, num_weights: int, padding_idx: int):
+    """[n, ...] indices moved to sample k's rows k * num_weights of the stacked table."""
+    n = indices.shape[0]
+    if n * num_weights > torch.iinfo(torch.int32).max:
+        indices = indices.long()
+    first = (torch.arange(n, device=indices.device, dtype=indices.dtype) * num_weights).view(n, *[1] * (indices.dim() - 1))
+    in_range = (indices >= 0) & (indices < num_weights)
+    moved = torch.where(indices == padding_idx, indices, indices + first) if padding_idx >= 0 else indices + first
+    return torch.where(in_range, moved, -1)
+
+
+def _values_valid(indices, num_weights: int, padding_idx: int, offsets=None, length: int = 0) -> bool:
+    """Whether every sample's indices (and offsets) pass the op's value checks (CPU: no sync)."""
+    in_range = (indices >= 0) & (indices < num_weights)
+    ok = bool((in_range | (indices == padding_idx) if padding_idx >= 0 else in_range).all())
+    if offsets is not None and offsets.shape[1] > 0:
+        ok = ok and bool((offsets[:, 0] == 0).all() and (offsets[:, 1:] >= offsets[:, :-1]).all()
+                         and (offsets <= length).all())
+    return ok
+
+
+def _sample_args(args, in_dims):
+    return [sample_meta(a, d) if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)]
+
+
+@torch.library.register_vmap("baracuda::embedding_bag")
+def _embedding_bag_vmap(info, in_dims, weight, indices, offsets=None, bag_mode=0, per_sample_weights=None,
+                        include_last_offset=False, padding_idx=-1):
+    in_dims = arg_dims(in_dims, 7)
+    args = (weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx)
+    _embedding_bag_fake(*_sample_args(args, in_dims))  # a sample's shape checks
+    n = info.batch_size
+    num_weights, dim = sample_meta(weight, in_dims[0]).shape
+    idx = batch_first(indices, in_dims[1], n)
+    off = batch_first(offsets, in_dims[2], n)
+    fixed = idx.dim() == 3  # [n, bags, L]: fixed-size bags
+    length, positions = idx.shape[-1], idx.shape[1:].numel()
+    if n == 0 or (idx.device.type == "cpu" and not _values_valid(idx, num_weights, padding_idx, off, length)):
+        return per_sample(torch.ops.baracuda.embedding_bag.default, n, in_dims, *args)
+    if in_dims[0] is not None:
+        table = batch_first(weight, in_dims[0], n).reshape(n * num_weights, dim)
+        idx = _rows_of_samples(idx, num_weights, padding_idx)
+    else:
+        table = weight
+    psw = batch_first(per_sample_weights, in_dims[4], n)
+    samples = torch.arange(n, device=idx.device)
+    if fixed:
+        bags = idx.shape[1]
+        output, offset2bag, bag_size, max_positions = torch.ops.baracuda.embedding_bag(
+            table, idx.flatten(0, 1), None, bag_mode, None if psw is None else psw.flatten(0, 1), False, padding_idx)
+        output, bag_size = output.unflatten(0, (n, bags)), bag_size.unflatten(0, (n, bags))
+        offset2bag = offset2bag.unflatten(0, (n, positions)) - (samples * bags).unsqueeze(1)
+        per_bag, bad = bags, None
+    else:
+        count = off.shape[1]
+        bags = count - 1 if include_last_offset else count
+        if n * length > torch.iinfo(torch.int32).max:
+            off = off.long()
+        clamped = off.clamp(0, length)
+        last = clamped[:, -1:] if include_last_offset else torch.full_like(clamped[:, :1], length)
+        starts = torch.cat([clamped[:, :bags], last], 1) + (samples * length).to(off.dtype).unsqueeze(1)
+        folded = torch.cat([starts.flatten(), starts.new_full((1,), n * length)])
+        output, offset2bag, bag_size, max_positions = torch.ops.baracuda.embedding_bag(
+            table, idx.flatten(), folded, bag_mode, None if psw is None else psw.flatten(), True, padding_idx)
+        per_bag = bags + 1
+        output = output.unflatten(0, (n, per_bag))[:, :bags]
+        bag_size = bag_size.unflatten(0, (n, per_bag))[:, :bags]
+        offset2bag = offset2bag.unflatten(0, (n, length))
+        offset2bag = torch.where(offset2bag < 0, -1, offset2bag - (samples * per_bag).unsqueeze(1))
+        offset2bag = torch.where(offset2bag == bags, -1, offset2bag)  # the closing bag: in no bag
+        begin = off[:, :bags]
+        end = off[:, 1:] if include_last_offset else torch.cat([off[:, 1:], torch.full_like(off[:, :1], length)], 1)
+        bad = (begin < 0) | (begin > end) | (end > length)
+        if bags > 0:
+            bad[:, 0] |= begin[:, 0] != 0
+    if bag_mode == 2:
+        max_positions = max_positions.unflatten(0, (n, per_bag))[:, :bags]
+        max_positions = torch.where(max_positions < 0, -1, max_positions - (samples * positions).view(n, 1, 1))
+    else:
+        max_positions = max_positions.new_empty((n, 0))
+    if bad is not None:  # the op's flags for a sample's bad offsets
+        output = torch.where(bad.unsqueeze(-1), torch.nan, output)
+        bag_size = torch.where(bad, -1, bag_size)
+        if bag_mode == 2:
+            max_positions = torch.where(bad.unsqueeze(-1), -1, max_positions)
+    return (output, offset2bag, bag_size, max_positions), (0, 0, 0, 0)
+
+
+@torch.library.register_vmap("baracuda::embedding_bag_backward")
+def _embedding_bag_backward_vmap(info, in_dims, grad, indices, offset2bag, bag_size, max_positions, num_weights,
+                                 bag_mode, per_sample_weights=None, padding_idx=-1):
+    in_dims = arg_dims(in_dims, 9)
+    args = (grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode, per_sample_weights, padding_idx)
+    one = _sample_args(args, in_dims)
+    _embedding_bag_backward_fake(*one)  # a sample's shape checks
+    n = info.batch_size
+    bags, dim = one[0].shape
+    positions = one[1].numel()
+    idx = batch_first(indices, in_dims[1], n)
+    shapes_ok = (list(one[2].shape) == [positions] and list(one[3].shape) == [bags]
+                 and (bag_mode != 2 or list(one[4].shape) == [bags, dim]))
+    if n == 0 or not shapes_ok or (idx.device.type == "cpu" and not _values_valid(idx, num_weights, padding_idx)):
+        return per_sample(torch.ops.baracuda.embedding_bag_backward.default, n, in_dims, *args)
+    samples = torch.arange(n, device=idx.device)
+    offset2bag = batch_first(offset2bag, in_dims[2], n)
+    offset2bag = torch.where(offset2bag < 0, -1, offset2bag + (samples * bags).unsqueeze(1))
+    if bag_mode == 2:
+        max_positions = batch_first(max_positions, in_dims[4], n)
+        max_positions = torch.where(max_positions < 0, -1, max_positions + (samples * positions).view(n, 1, 1))
+        max_positions = max_positions.flatten(0, 1)
+    else:
+        max_positions = offset2bag.new_empty(0)
+    psw = batch_first(per_sample_weights, in_dims[7], n)
+    grad_weight = torch.ops.baracuda.embedding_bag_backward(
+        batch_first(grad, in_dims[0], n).flatten(0, 1), _rows_of_samples(idx, num_weights, padding_idx).flatten(0, 1),
+        offset2bag.flatten(), batch_first(bag_size, in_dims[3], n).flatten(), max_positions, n * num_weights,
+        bag_mode, None if psw is None else psw.flatten(0, 1), padding_idx)
+    return grad_weight.unflatten(0, (n, num_weights)), 0
+
+
+@torch.library.register_vmap("baracuda::embedding_bag_per_sample_weights_backward")
+def _per_sample_weights_backward_vmap(info, in_dims, grad, weight, indices, offset2bag, bag_mode, padding_idx=-1):
+    in_dims = arg_dims(in_dims, 6)
+    args = (grad, weight, indices, offset2bag, bag_mode, padding_idx)
+    one = _sample_args(args, in_dims)
+    _per_sample_weights_backward_fake(*one)  # a sample's checks
+    n = info.batch_size
+    bags = one[0].shape[0]
+    num_weights, dim = one[1].shape
+    idx = batch_first(indices, in_dims[2], n)
+    if n == 0 or list(one[3].shape) != [one[2].numel()] or (
+            idx.device.type == "cpu" and not _values_valid(idx, num_weights, padding_idx)):
+        return per_sample(torch.ops.baracuda.embedding_bag_per_sample_weights_backward.default, n, in_dims, *args)
+    if in_dims[1] is not None:
+        table = batch_first(weight, in_dims[1], n).reshape(n * num_weights, dim)
+        idx = _rows_of_samples(idx, num_weights, padding_idx)
+    else:
+        table = weight
+    samples = torch.arange(n, device=idx.device)
+    offset2bag = batch_first(offset2bag, in_dims[3], n)
+    offset2bag = torch.where(offset2bag < 0, -1, offset2bag + (samples * bags).unsqueeze(1))
+    grad_psw = torch.ops.baracuda.embedding_bag_per_sample_weights_backward(
+        batch_first(grad, in_dims[0], n).flatten(0, 1), table, idx.flatten(0, 1), offset2bag.flatten(), bag_mode,
+        padding_idx)
+    return grad_psw.reshape(n, *one[2].shape), 0
 
 
 # --------------------------------------------------------------------------- Plan API
