@@ -367,6 +367,22 @@ def _rows_of_samples(indices, num_weights: int, padding_idx: int):
     return torch.where(in_range, moved, -1)
 
 
+def _one_table(weight, weight_dim, indices, padding_idx: int):
+    """(table, indices) for one call over [n, ...] indices: the weight itself when it is shared,
+    else the samples' weights stacked, [n * V, D], each sample's indices moved to its rows."""
+    if weight_dim is None:
+        return weight, indices
+    stacked = batch_first(weight, weight_dim, indices.shape[0])
+    return stacked.flatten(0, 1), _rows_of_samples(indices, stacked.shape[1], padding_idx)
+
+
+def _bags_of_samples(offset2bag, bags: int):
+    """[n, positions] offset2bag of each sample's bags moved to its bags of the folded call
+    (-1, in no bag, kept)."""
+    first = torch.arange(offset2bag.shape[0], device=offset2bag.device) * bags
+    return torch.where(offset2bag < 0, -1, offset2bag + first.unsqueeze(1))
+
+
 def _values_valid(indices, num_weights: int, padding_idx: int, offsets=None, length: int = 0) -> bool:
     """Whether every sample's indices (and offsets) pass the op's value checks (CPU: no sync)."""
     in_range = (indices >= 0) & (indices < num_weights)
@@ -388,18 +404,14 @@ def _embedding_bag_vmap(info, in_dims, weight, indices, offsets=None, bag_mode=0
     args = (weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx)
     _embedding_bag_fake(*_sample_args(args, in_dims))  # a sample's shape checks
     n = info.batch_size
-    num_weights, dim = sample_meta(weight, in_dims[0]).shape
+    num_weights = sample_meta(weight, in_dims[0]).shape[0]
     idx = batch_first(indices, in_dims[1], n)
     off = batch_first(offsets, in_dims[2], n)
     fixed = idx.dim() == 3  # [n, bags, L]: fixed-size bags
     length, positions = idx.shape[-1], idx.shape[1:].numel()
     if n == 0 or (idx.device.type == "cpu" and not _values_valid(idx, num_weights, padding_idx, off, length)):
         return per_sample(torch.ops.baracuda.embedding_bag.default, n, in_dims, *args)
-    if in_dims[0] is not None:
-        table = batch_first(weight, in_dims[0], n).reshape(n * num_weights, dim)
-        idx = _rows_of_samples(idx, num_weights, padding_idx)
-    else:
-        table = weight
+    table, idx = _one_table(weight, in_dims[0], idx, padding_idx)
     psw = batch_first(per_sample_weights, in_dims[4], n)
     samples = torch.arange(n, device=idx.device)
     if fixed:
@@ -460,8 +472,7 @@ def _embedding_bag_backward_vmap(info, in_dims, grad, indices, offset2bag, bag_s
     if n == 0 or not shapes_ok or (idx.device.type == "cpu" and not _values_valid(idx, num_weights, padding_idx)):
         return per_sample(torch.ops.baracuda.embedding_bag_backward.default, n, in_dims, *args)
     samples = torch.arange(n, device=idx.device)
-    offset2bag = batch_first(offset2bag, in_dims[2], n)
-    offset2bag = torch.where(offset2bag < 0, -1, offset2bag + (samples * bags).unsqueeze(1))
+    offset2bag = _bags_of_samples(batch_first(offset2bag, in_dims[2], n), bags)
     if bag_mode == 2:
         max_positions = batch_first(max_positions, in_dims[4], n)
         max_positions = torch.where(max_positions < 0, -1, max_positions + (samples * positions).view(n, 1, 1))
@@ -484,19 +495,13 @@ def _per_sample_weights_backward_vmap(info, in_dims, grad, weight, indices, offs
     _per_sample_weights_backward_fake(*one)  # a sample's checks
     n = info.batch_size
     bags = one[0].shape[0]
-    num_weights, dim = one[1].shape
+    num_weights = one[1].shape[0]
     idx = batch_first(indices, in_dims[2], n)
     if n == 0 or list(one[3].shape) != [one[2].numel()] or (
             idx.device.type == "cpu" and not _values_valid(idx, num_weights, padding_idx)):
         return per_sample(torch.ops.baracuda.embedding_bag_per_sample_weights_backward.default, n, in_dims, *args)
-    if in_dims[1] is not None:
-        table = batch_first(weight, in_dims[1], n).reshape(n * num_weights, dim)
-        idx = _rows_of_samples(idx, num_weights, padding_idx)
-    else:
-        table = weight
-    samples = torch.arange(n, device=idx.device)
-    offset2bag = batch_first(offset2bag, in_dims[3], n)
-    offset2bag = torch.where(offset2bag < 0, -1, offset2bag + (samples * bags).unsqueeze(1))
+    table, idx = _one_table(weight, in_dims[1], idx, padding_idx)
+    offset2bag = _bags_of_samples(batch_first(offset2bag, in_dims[3], n), bags)
     grad_psw = torch.ops.baracuda.embedding_bag_per_sample_weights_backward(
         batch_first(grad, in_dims[0], n).flatten(0, 1), table, idx.flatten(0, 1), offset2bag.flatten(), bag_mode,
         padding_idx)
