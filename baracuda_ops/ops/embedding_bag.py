@@ -361,7 +361,8 @@ def _rows_of_samples(indices, num_weights: int, padding_idx: int):
     n = indices.shape[0]
     if n * num_weights > torch.iinfo(torch.int32).max:
         indices = indices.long()
-    first = (torch.arange(n, device=indices.device, dtype=indices.dtype) * num_weights).view(n, *[1] * (indices.dim() - 1))
+    first = torch.arange(n, device=indices.device, dtype=indices.dtype) * num_weights
+    first = first.view(n, *[1] * (indices.dim() - 1))
     in_range = (indices >= 0) & (indices < num_weights)
     moved = torch.where(indices == padding_idx, indices, indices + first) if padding_idx >= 0 else indices + first
     return torch.where(in_range, moved, -1)
