@@ -55,8 +55,8 @@ def register_autograd(name: str, backward: Callable, setup_context: Callable,
     op = getattr(torch.ops.baracuda, name).default
 
     class Function(torch.autograd.Function):
-        # vmap through the op: each op call under vmap, by PyTorch's per-sample fallback for
-        # ops without a batching rule (correct; it warns that it is slow).
+        # vmap of the Function runs forward under vmap, where each op's batching rule
+        # (baracuda_ops/_vmap.py) runs the op once for the whole batch.
         generate_vmap_rule = True
 
         @staticmethod

@@ -104,16 +104,15 @@ def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], ex
 _FALLBACK_WARNING = "There is a performance drop because we have not yet implemented the batching rule"
 
 
-def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tensor], batch: int = 3,
-                                      batching_rules: bool = True) -> None:
+def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tensor], batch: int = 3) -> None:
     """fn's gradients under torch.func equal autograd's, bit for bit (the same kernels on the
     same values): ``grad`` of the sum of fn's output and ``vjp`` with a random cotangent, with
     respect to every input; and per-sample gradients, ``vmap`` of ``grad`` over a batch of
     `batch` variants of the first input (the others shared), against autograd on each variant,
     within rounding (a batching rule runs the batch as one call, whose kernel may sum in
-    another order) and, with `batching_rules`, without PyTorch's per-sample fallback (which
-    warns) for any op. Forward mode: ``jacfwd`` equals ``jacrev`` (within rounding: another
-    formula), and the tangent of ``torch.autograd.forward_ad`` equals ``torch.func.jvp``'s."""
+    another order), and without PyTorch's per-sample fallback (which warns) for any op. Forward
+    mode: ``jacfwd`` equals ``jacrev`` (within rounding: another formula), and the tangent of
+    ``torch.autograd.forward_ad`` equals ``torch.func.jvp``'s."""
     inputs = [x.detach() for x in inputs]
 
     def autograd(args, cotangent=None):
@@ -132,10 +131,7 @@ def check_torch_func_matches_autograd(fn: Callable, inputs: Sequence[torch.Tenso
     same(vjp_fn(cotangent), autograd(inputs, cotangent))
     first = torch.stack([inputs[0] * (1 + k) for k in range(batch)])
     with warnings.catch_warnings():
-        if batching_rules:
-            warnings.filterwarnings("error", _FALLBACK_WARNING)
-        else:
-            warnings.filterwarnings("ignore", _FALLBACK_WARNING)
+        warnings.filterwarnings("error", _FALLBACK_WARNING)
         per_sample = torch.func.vmap(torch.func.grad(lambda *a: fn(*a).sum(), argnums=argnums),
                                      in_dims=(0,) + (None,) * (len(inputs) - 1))(first, *inputs[1:])
         forward = torch.func.jacfwd(fn, argnums=argnums)(*inputs)
