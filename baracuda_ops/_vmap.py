@@ -60,7 +60,7 @@ def per_sample(op: Callable, batch_size: int, in_dims: Sequence[int | None], *ar
         for a, d in zip(args, in_dims):
             if isinstance(a, torch.Tensor) and on_meta:
                 a = sample_meta(a, d)
-            elif isinstance(a, torch.Tensor) and d is not None:
+            elif d is not None:  # (arg_dims: only a tensor argument has a vmapped dim)
                 a = a.select(d, k)
             picked.append(a)
         return op(*picked)

@@ -169,6 +169,8 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
     # vmap: the samples join the batch of planes ([n * N, C, ...]; a sample of 3-D / 4-D input,
     # [C, ...], makes them the batch), and the random samples with them (each sample's first N).
 
+    pool_op, backward_op = getattr(torch.ops.baracuda, name).default, getattr(torch.ops.baracuda, bname).default
+
     def fold(t, bdim, n, batched_input):
         t = batch_first(t, bdim, n)
         return t.flatten(0, 1) if batched_input else t
@@ -181,12 +183,11 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
         batched_input = one.dim() == dims + 2
         planes = one.shape[0] if batched_input else 1
         if list(samples_one.shape[1:]) != [one.shape[-dims - 1], dims] or samples_one.shape[0] < planes:
-            return per_sample(getattr(torch.ops.baracuda, name).default, info.batch_size, in_dims, x, kernel_size,
-                              output_size, random_samples)  # the op's error for the random samples
+            return per_sample(pool_op, info.batch_size, in_dims, x, kernel_size, output_size,
+                              random_samples)  # the op's error for the random samples
         n = info.batch_size
         samples = batch_first(random_samples, in_dims[3], n)[:, :planes].flatten(0, 1)
-        output, indices = getattr(torch.ops.baracuda, name)(fold(x, in_dims[0], n, batched_input), kernel_size,
-                                                            output_size, samples)
+        output, indices = pool_op(fold(x, in_dims[0], n, batched_input), kernel_size, output_size, samples)
         if batched_input:
             output, indices = output.unflatten(0, (n, planes)), indices.unflatten(0, (n, planes))
         return (output, indices), (0, 0)
@@ -198,14 +199,14 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
         expected = _output_shape(bname, dims, one.shape, kernel_size, output_size)
         given = (sample_meta(grad_output, in_dims[0]).shape, sample_meta(indices, in_dims[4]).shape)
         if any(list(shape) != expected for shape in given):
-            return per_sample(getattr(torch.ops.baracuda, bname).default, info.batch_size, in_dims, grad_output, x,
-                              kernel_size, output_size, indices)  # the op's shape error
+            return per_sample(backward_op, info.batch_size, in_dims, grad_output, x, kernel_size, output_size,
+                              indices)  # the op's shape error
         n = info.batch_size
         batched_input = one.dim() == dims + 2
         shape = [n * one.shape[0], *one.shape[1:]] if batched_input else [n, *one.shape]
         # The backward reads only the shape, dtype and device of x: a stride-0 stand-in of the
         # folded shape saves copying x.
-        grad_input = getattr(torch.ops.baracuda, bname)(
+        grad_input = backward_op(
             fold(grad_output, in_dims[0], n, batched_input), x.new_empty(()).expand(shape), kernel_size, output_size,
             fold(indices, in_dims[4], n, batched_input))
         return (grad_input.unflatten(0, (n, one.shape[0])) if batched_input else grad_input), 0
