@@ -48,11 +48,9 @@ AlibiChoice choose_alibi(const AlibiShape& s, int64_t elem_bytes) {
 // Forward: a tensor that takes at most half the GPU's threads (2048 an SM) at 4
 // vectors a thread runs so, one wave of CTAs that issue all their loads at once;
 // a larger one takes 1 vector a thread, short CTAs whose reads and writes overlap
-// those of the CTAs before and after them. Same build, one process, H100, us (4 ->
-// 1 vector a thread): [8, 32, 1024, 1024] float32 716.6 -> 710.8, bf16 357.5 ->
-// 355.3, [2, 32, 4096, 4096] float32 2879.5 -> 2854.0; decode [64, 16, 1, 4096]
-// float32 (a full wave at 4) 10.15 -> 9.79, bf16 (half a wave) 5.77 -> 5.99: the
-// bound lies between those two.
+// those of the CTAs before and after them. The bound lies between a decode
+// [64, 16, 1, 4096] float32 tensor (a full wave at 4 vectors, faster at 1) and its
+// bf16 half (half a wave, faster at 4).
 AlibiChoice choose_alibi_forward(const AlibiShape& s, int64_t elem_bytes) {
   AlibiChoice c = choose_alibi(s, elem_bytes);
   const int64_t vectors = s.numel() * elem_bytes / c.vec_bytes;
