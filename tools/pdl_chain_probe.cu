@@ -7,7 +7,7 @@
 //       tools/pdl_chain_probe.cu && /tmp/pdl_chain_probe
 //
 // Variant 3 (C early, no wait) must read stale data, or the probe proves nothing.
-// H100, session 25: variants 0-2 0 stale reads of 50, variant 3 50 of 50.
+// On the H100: variants 0-2 read no stale data in 50 trials, variant 3 in all 50.
 #include <cstdio>
 #include <cuda_runtime.h>
 

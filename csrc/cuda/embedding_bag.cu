@@ -73,10 +73,9 @@ int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 
 
 // Backward: where the rows with no run are told apart, and so when their fill
 // starts. Early: make_keys_kernel marks each used position's row (a store per
-// index, 10-30 us at 0.3-1.6M indices), and the fill runs beside the sort and
-// the sums. Late: runs_kernel marks each run's row (a store per row with a run),
-// and the fill runs beside the sums only. Early pays when grad_weight is large
-// for the number of indices (measured on the H100: 512 MB for 327k indices).
+// index), and the fill runs beside the sort and the sums. Late: runs_kernel marks
+// each run's row (a store per row with a run), and the fill runs beside the sums
+// only. Early pays when grad_weight is large for the number of indices.
 bool early_fill(int64_t num_weights, int64_t dim, int64_t elem_bytes, int64_t num_indices) {
   return num_weights * dim * elem_bytes >= kEarlyFillBytes * num_indices;
 }
@@ -85,11 +84,9 @@ int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 
 // Backward sort: (row, position) pairs by row, stable (a row's positions stay in
 // order), CUB's onesweep radix sort. Its digits are 8 bits a pass; keys of 17 or 18
-// bits take 9-bit digits instead, two passes instead of three (measured on the H100:
-// V = 1e5, D = 64 bf16 backward 90.5 -> 85.4 us). Where 9-bit digits save no pass
-// (20 and 22 bits) they were 2-5% slower than 8-bit ones, 10-bit digits slower at
-// every key width (20 bits too, in two passes), and 11-bit ones do not fit in a
-// block's static shared memory.
+// bits take 9-bit digits instead, two passes instead of three. Where 9-bit digits
+// save no pass (20 and 22 bits) 8-bit ones are faster, 10-bit digits are slower at
+// every key width, and 11-bit ones do not fit in a block's static shared memory.
 constexpr int kWideDigitBits = 9;
 
 // Bits of the sort keys, which lie in [0, num_weights] (num_weights: no row).
@@ -102,7 +99,7 @@ int sort_key_bits(int64_t num_weights) {
 bool wide_digits(int end_bit) { return end_bit == 17 || end_bit == 18; }
 
 // CUB's sm_90 tuning for 4-byte keys, values and offsets, with kWideDigitBits digits
-// (its 384 threads, 16 keys a thread: 12 equal or slower, 23 slower, 256 threads equal).
+// (its 384 threads, 16 keys a thread: 12 or 23 keys a thread, or 256 threads, are no faster).
 struct WideDigitPolicy
     : cub::ChainedPolicy<900, WideDigitPolicy, WideDigitPolicy>,
       cub::detail::radix::policy_hub<uint32_t, uint32_t, uint32_t>::OnesweepSmallKeyTunedPolicy<
@@ -406,8 +403,8 @@ __global__ void __launch_bounds__(kThreads)
 // name one position find each other (__match_any_sync) and the lowest of them
 // stores the word. Only the warp of position i's bag writes i's words, so plain
 // stores suffice; the words no warp writes were zeroed before. It runs on a
-// stream of its own beside the sort. (Bits set with atomicOr per column took
-// 109 us of a 350 us backward at B = 16384, D = 128: 32 lanes on a few addresses.)
+// stream of its own beside the sort. (Bits set with atomicOr per column would put
+// 32 lanes on a few addresses.)
 __global__ void __launch_bounds__(kThreads)
     max_won_kernel(const int64_t* __restrict__ max_pos, const int64_t* __restrict__ offset2bag, int64_t num_bags,
                    int64_t dim, int64_t n, int64_t words, uint32_t* __restrict__ won) {
@@ -543,11 +540,10 @@ __device__ __forceinline__ void store_sums(Out* p, const AccT (&acc)[V]) {
 // over the whole chunk and beyond on both sides: both). Unused positions (key
 // num_weights, sorted last) add to nothing. kMax (max mode) is a template
 // argument so that the sum and mean sweeps carry none of the won-bit code (with
-// it they ran 1-13% slower on the H100). Rows of grad_weight are stored evict-first,
-// as the fill's: faster than plain stores at every benchmark case (H100, one process,
-// session 25: 0.2-16%, V = 1e6, D = 256 bf16 257.6 -> 217.2 us); plain stores in the
-// fill instead were up to 7% slower. Registers: 3 CTAs per SM for 4-byte elements
-// (80 registers); 16-bit and float64 elements would spill there, so 2.
+// it they are slower). Rows of grad_weight are stored evict-first, as the fill's:
+// they are not read again by the backward, and leaving L2 to the sort's and the
+// sweep's inputs is faster at every benchmark case. Registers: 3 CTAs per SM for
+// 4-byte elements (80 registers); 16-bit and float64 elements would spill there, so 2.
 template <typename AccT>
 int64_t sweep_smem_bytes(int chunks, int64_t staged_won_words) {
   return int64_t(chunks) * kChunk * ((3 + staged_won_words) * sizeof(uint32_t) + sizeof(AccT));
@@ -738,20 +734,13 @@ __global__ void __launch_bounds__(kEarlyFillThreads)
 }
 
 // The unused-row fill's grid. Early (beside the sort): one CTA of kEarlyFillThreads
-// on half the SMs (three quarters in max mode). Beside 2 CTAs of 256 threads on every
-// SM, CUB's sort kernels, launched after them, waited for room: at V = 4e6, D = 64
-// bf16 Zipf the sort's histogram kernel took 121 instead of 5 us (the likeliest
-// reading: an SM holding fill CTAs keeps the shared-memory carveout of a kernel that
-// needs none, so kernels that need some do not fit there until they leave). Measured on the H100, us, against that grid (each line one process):
-// V = 1e6, D = 128 float32 241.6 -> 217.8, V = 4e6, D = 64 bf16 Zipf 289.8 -> 270.1,
-// V = 1e6, D = 256 bf16 279.2 -> 244.5; fewer SMs starved the fill (a third: 294.1,
-// 350.5 and 298.5), more left the sort less room (two thirds: 217.2, 279.2 and
-// 250.3, equal or slower), except in max mode (V = 1e6, D = 128 float32: 274.4 on half, 258.3 on two
-// thirds, 262-268 before; session 40, one process, 4 runs of 6-10 rounds: three quarters
-// 245.9-250.5 against two thirds' 250.0-254.6, every run 2.5-7 us faster; 0.72-0.85
-// within that spread). Late (beside the sums only): kLateFillCtasPerSm CTAs of
-// kLateFillThreads on every SM, which stayed best there (V = 4e6, D = 64 bag 100
-// Zipf 443.5 us, 465.3 with the early grid).
+// on half the SMs (three quarters in max mode). Fill CTAs on every SM make CUB's sort
+// kernels, launched after them, wait for room: an SM holding fill CTAs keeps the
+// shared-memory carveout of a kernel that needs none, so kernels that need some do
+// not fit there until they leave. Fewer SMs starve the fill, more leave the sort
+// too little room; in max mode the larger share is faster.
+// Late (beside the sums only): kLateFillCtasPerSm CTAs of kLateFillThreads on every
+// SM.
 struct FillShape {
   int64_t blocks;
   int threads;
@@ -767,10 +756,9 @@ FillShape fill_shape(bool early, bool max_mode, int64_t num_weights) {
 // Steps (4) and (5) for the rows with a run, on the current stream. The partial and
 // crossing-row kernels launch early (beside the sweep's last CTAs): until they wait
 // for the sweep they read only the sorted keys and run ends, written before it
-// began (on the H100 1-5 us less per backward). group_partials_kernel's CTAs may
-// end without waiting; crossing_rows_kernel's wait still covers the sweep, as
-// griddepcontrol.wait waits for every prerequisite grid in flight (checked on the
-// H100 with a three-kernel probe, session 25: 0 stale reads in 50).
+// began. group_partials_kernel's CTAs may end without waiting; crossing_rows_kernel's
+// wait still covers the sweep, as griddepcontrol.wait waits for every prerequisite
+// grid in flight (tools/pdl_chain_probe.cu checks this ordering on a device).
 template <typename T, typename AccT, int V>
 void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys,
                               const uint32_t* run_end, const BackwardLayout& l, char* ws, int64_t n,
