@@ -26,12 +26,12 @@ using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
 constexpr int kThreads = 256;            // forward and stray-fixup blocks
-constexpr int kBwdThreads = 256;         // backward tile blocks (512 measured slower)
+constexpr int kBwdThreads = 256;         // backward tile blocks (512 are slower)
 // Backward: blocks per SM the registers must allow (__launch_bounds__): 4 (64
-// registers); at 5 (48) the tile kernels spilled loaded values right after their loads,
-// and the spill stores waited on the loads (H100, session 28).
+// registers); at 5 (48) the tile kernels spill loaded values right after their loads,
+// and the spill stores wait on the loads.
 constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : 4; }
-constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (1-3% faster than 1)
+constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
 constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a thread writes the boxes of
 constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest integer stride taken
@@ -50,9 +50,7 @@ static_assert(kTileBytes / 4 < kNoTarget);
 // holds fewer cells (each takes at least 8 of a block's at most 227 KB of shared memory).
 static_assert(227 * 1024 / 8 < (1 << 16));
 // Forward, 2d: most shared memory for a band's input rows. 16 KB: more, shorter blocks
-// than at 32 KB (H100, one process, us: [64, 64, 112, 112] k = 3 float32 127.5 -> 123.4,
-// bfloat16 86.4 -> 85.5, k = 2 bfloat16 84.1 -> 81.2, float32 122.6 -> 122.0; 8, 12, 24
-// and 64 KB measured too, each slower somewhere).
+// than at larger bands keep more loads in flight; smaller bands re-read more rows.
 constexpr int64_t kBandBytes = 16 * 1024;
 
 // ---------------------------------------------------------------------------
@@ -209,8 +207,8 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   c.disjoint = forward.disjoint;
   // Owned boxes: alpha = (in - k) / (out - 1) an integer in [k, kMaxBoxStride] on
   // every axis (an axis of one cell: its box is the whole axis, at most kMaxBoxStride),
-  // 2 = k along W (box rows of 2 elements, stored as vectors: with boxes 3 wide, stored
-  // element by element, the kernel ran 2.4-3.4x slower than the tiles on the H100).
+  // 2 = k along W (box rows of 2 elements, stored as vectors; boxes 3 wide would be
+  // stored element by element, slower than the tiles).
   c.boxes = c.disjoint && g.k[2] == 2 && g.in[2] == 2 * g.out[2];
   for (int a = 0; a < 3; ++a) {
     const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
@@ -264,8 +262,7 @@ FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtyp
   // Budgets of kTileBytes, then 3/4, 1/2, 3/8, ... of it: the first whose block fits,
   // or a smaller one (down to a quarter of it) with no more box cells per tile
   // element, the smallest such: as many cells loaded, more blocks per SM (3d [8, 32,
-  // 32, 64, 64] float32: 3 T-slices, 4 blocks per SM, where 4 T-slices load as many
-  // cells per element at 3 blocks: 0.0792 -> 0.0756 ms on the H100).
+  // 32, 64, 64] float32: 3 T-slices at 4 blocks per SM rather than 4 T-slices at 3).
   const auto next_budget = [](int64_t b) { return std::max<int64_t>(1, b % 3 == 0 ? b * 2 / 3 : b * 3 / 4); };
   int64_t budget = kTileBytes / store_size;
   FmpBackwardChoice best = tiles_of(budget);
@@ -326,9 +323,9 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 // flight; cells past the plane's end load the last cell's window and store nothing.
 // K == 0: any k, one cell per thread, scanned in loops. 64-bit indices are stored as
 // PyTorch returns them. 2d problems with K > 0 take fmp2d_forward_band_kernel instead
-// where a band of rows fits in shared memory (choose_fmp_bands). (Tried and slower:
-// runs of consecutive cells per thread, whose loads span 4x the lines; one window
-// visitor shared by the load and compare loops: see docs/PERFORMANCE.md.)
+// where a band of rows fits in shared memory (choose_fmp_bands). Cells are strided
+// across the threads, not run consecutively per thread: runs would make each load and
+// store instruction span several times the lines.
 
 template <typename IndexT, typename acc_t>
 struct FmpForwardParams {
@@ -377,8 +374,8 @@ __device__ __forceinline__ IndexT fmp_window_origin(const FmpForwardParams<Index
 // The K^Dims window of each of kCells cells, read from src at offsets at[c] (the
 // window's first element; rows in_w apart, T-slices in_h * in_w apart), every load
 // issued before any value is used. The (t, h, w) loops are spelled out here and in
-// fmp_window_max: a shared visitor was slower (docs/PERFORMANCE.md), and one flat
-// loop with the offsets derived from its index took up to 128 registers where these
+// fmp_window_max: a shared visitor lambda costs registers and speed in 3d, and one flat
+// loop with the offsets derived from its index takes up to 128 registers where these
 // take 78 (3d, k = 3, float32).
 template <int Dims, int K, int kCells, typename scalar_t, typename IndexT>
 __device__ __forceinline__ void fmp_load_windows(const scalar_t* src, const IndexT (&at)[kCells], IndexT in_h,
@@ -401,8 +398,8 @@ __device__ __forceinline__ void fmp_load_windows(const scalar_t* src, const Inde
 
 // y and idx of a cell from its loaded window: the first max in (t, h, w) order
 // (val > best || isnan(val), from -inf) and its plane index, counted from the
-// window's plane-relative origin. Stored with streaming hints (written once): 2d
-// k = 3 bf16 88.3 -> 86.4 us, the other forwards 0-1% faster.
+// window's plane-relative origin. Stored with streaming hints: written once, never
+// read back by the kernel.
 template <int Dims, int K, typename acc_t, typename scalar_t, typename IndexT>
 __device__ __forceinline__ void fmp_window_max(const scalar_t (&vals)[fmp_window(Dims, K)], IndexT origin,
                                                IndexT in_h, IndexT in_w, scalar_t* y, int64_t* index) {
@@ -730,10 +727,7 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // 4 x 4 at the benchmark's 3 x 3 windows; if fewer than the count do, all); if fewer
 // than the count do (a contributor from outside its reach) the block flags a stray. So
 // a contribution from outside a cell's reach costs nothing unless its element has three
-// or more. (The listed elements are 11% (112 -> 56) to 43% (56 -> 40) of the
-// contributed ones at the benchmark's 3 x 3 windows on random inputs; summed by the
-// cell of rank 1 in place, every warp of the pass paid for the candidate loop of a lane
-// or two: 2x slower.)
+// or more.
 //
 // Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
@@ -756,11 +750,9 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // storing its tile, and no fixup kernel is launched. Every cell is loaded by at least
 // one tile (reach(c) meets [0, in)), so every stray is seen. Forward indices are never
 // strays unless float rounding moved a start by two, which only costs time.
-// (Replaced: session 5's tile_rounds, rounds of cells that cannot collide added one
-// after another between barriers; sessions 6-27's tile_masks, a field of bits per
-// element naming its contributors by their offsets from first(x), two lists and
-// passes of 32 offsets, 1.2-1.3x slower at the benchmark's overlapping windows; see
-// docs/PERFORMANCE.md, session 28.)
+// (Counts are faster at overlapping windows than a field of bits per element naming
+// its contributors, which needs two lists and passes of offsets, and than rounds of
+// cells that cannot collide, added between barriers.)
 
 template <typename IndexT>
 struct FmpBwdAxis {
@@ -818,8 +810,7 @@ struct FmpBwdParams {
 };
 
 // A block's tile: its geometry from the table, or computed by every thread of the
-// block (fast divisions only; about 140 instructions a warp, 10% of the kernel's at
-// [32, 128, 56, 56] k = 3).
+// block (fast divisions only, a small share of the kernel's instructions).
 template <typename scalar_t, typename IndexT, bool WholeRows>
 __device__ __forceinline__ FmpTile<IndexT> fmp_tile(const FmpBwdParams<IndexT>& p, IndexT block) {
   constexpr int kVec = 16 / sizeof(scalar_t);
@@ -1093,7 +1084,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
           return first + IndexT((__ffs(bits) - 1) * kBwdThreads + threadIdx.x);
         };
         uint16_t* to = crowded + (at & 0xffffu);
-        // Over the set bits (an unrolled loop over j was 10% of the kernel's instructions).
+        // Over the set bits (an unrolled loop over j costs more instructions).
         for (uint32_t bits = listed; bits != 0; bits &= bits - 1) *to++ = targets[place(bits)];
         to = paired + (at >> 16);
         for (uint32_t bits = second; bits != 0; bits &= bits - 1) *to++ = static_cast<uint16_t>(place(bits));
@@ -1158,7 +1149,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
 #pragma unroll
           for (int u = 0; u < kAccVec; ++u) out.v[s + u] = static_cast<scalar_t>(a.v[u]);
         }
-        if constexpr (Dims == 3) {  // streaming: 3d float32 75.3 -> 74.2 us; 2d 0.5-0.7% slower so
+        if constexpr (Dims == 3) {  // streaming stores pay in 3d only
           cuda::store_vec_streaming<scalar_t, kVec>(dxt + i, out);
         } else {
           cuda::store_vec<scalar_t, kVec>(dxt + i, out);
@@ -1184,8 +1175,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
 // writes their boxes whole: every element once, no shared memory, no atomics. Cells > 0:
 // the boxes are 2 wide along W (choose_fmp_backward) and a unit's box row, 2 * Cells
 // elements, is one vector store (Cells = 2 needs an even out along W and dx aligned to
-// 4 elements: 3d [8, 32, 32, 64, 64] bfloat16 43.4 -> 42.0 us, 2d [64, 64, 112, 112]
-// 88.2 -> 82.7 on the H100). Cells = 0: dx not aligned to 2 elements, rows stored
+// 4 elements). Cells = 0: dx not aligned to 2 elements, rows stored
 // element by element.
 // Float rounding can move a start by one (c + u rounds up to c + 1 when u is within
 // half an ulp of 1), sending an index to the first element of the next box, or the
