@@ -55,8 +55,7 @@ struct RepeatChoice {
 int64_t threads_for_two_waves() { return 2 * int64_t(cuda::num_sms()) * 2048; }
 // The backward's tile-lane sums: half the threads an SM holds, one wave. Each thread
 // then sums a longer run of tiles (bias [4096] x (8192, 1): 32 tiles rather than 8
-// per bf16 thread, 33 splits rather than 128) and fewer partials are written:
-// 27.4 -> 25.1 us bf16 with the streaming loads, 48.0 -> 46.8 float32.
+// per bf16 thread, 33 splits rather than 128) and fewer partials are written.
 int64_t threads_for_half_wave() { return int64_t(cuda::num_sms()) * 1024; }
 
 RepeatChoice choose_common(const TiledLayout& t, int64_t elem_bytes) {
@@ -90,14 +89,8 @@ void choose_splits(RepeatChoice& c, int64_t threads_per_split, int64_t tiles, in
 // stores where a broadcast warp would scatter). So are outputs of 16 tiles or
 // more that pass L2: the stores, which bound them, go one a thread in output
 // order (as Inductor's kernel), the input read from L2 after its first tile.
-// Same build, one process, H100, us, broadcast -> gather: bias [4096] x (8192, 1)
-// float32 42.68 -> 42.06, bf16 22.55 -> 21.92; leading [1024, 1024] x (16, 1, 1)
-// float32 (64 MB out) 24.02 -> 23.01; cols [8192, 256] x (1, 16) bf16 24.34 ->
-// 23.51, float32 45.87 -> 45.98; but where the output fits L2 (leading bf16, 32
-// MB) 10.00 -> 10.90, and with 4 tiles or fewer: rows [8192, 1024] x (4, 1) bf16
-// 30.53 -> 35.44, large [16384, 4096] x (2, 1) float32 274.2 -> 355.7 (x past L2,
-// read from DRAM for each tile), image [32, 64, 56, 56] x (1, 1, 2, 2) float32
-// 46.86 -> 46.79.
+// Outputs that fit L2, and 4 tiles or fewer, keep the broadcast, faster there (with
+// few tiles the gather reads an input past L2 from DRAM once per tile).
 RepeatChoice choose_repeat(const TiledLayout& t, int64_t elem_bytes) {
   RepeatChoice c = choose_common(t, elem_bytes);
   const bool many_tiles_past_l2 = t.tiles() >= 16 && t.output_numel() * elem_bytes > cuda::l2_bytes();
@@ -120,19 +113,14 @@ RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
   const int64_t per_lane = ceil_div<int64_t>(c.tiles_per_split, c.tile_lanes);
   c.unroll = per_lane <= 1 ? 1 : (per_lane <= 2 ? 2 : 4);
   // A thread whose tiles all load in one step takes their offsets from the host (no
-  // odometer between its loads: image [32, 64, 56, 56] x (1, 1, 2, 2) float32 43.4 ->
-  // 43.1 us, rows bf16 26.6 -> 26.4) and 8-byte vectors instead of 16, twice the threads
-  // each half as wide, as Inductor's kernel for the same sum (large [16384, 4096] x (2, 1)
-  // float32 264.2 -> 260.6 us, bfloat16 133.3 -> 131.5; image and rows within +-0.5%).
-  // With more tiles a thread loops over them and 8 bytes lost (leading [1024, 1024] x
-  // (16, 1, 1) float32 23.7 -> 25.8 us), as with the tile lanes (bias bf16 25.4 -> 26.5).
+  // odometer between its loads) and 8-byte vectors instead of 16, twice the threads
+  // each half as wide, as Inductor's kernel for the same sum. With more tiles a thread
+  // loops over them, and there 16-byte vectors are faster, as with the tile lanes.
   c.one_step = c.tile_lanes == 1 && per_lane <= 4;
   if (c.one_step && c.vec_bytes == 16) c.vec_bytes = 8;
   // A dx within a third of L2 is stored plainly and stays there for its reader (the
-  // grad lines, loaded evict-first, leave first): rows [8192, 1024] x (4, 1) bf16 (16 MB)
-  // 29.0 -> 26.8 us, image bf16 (12.8 MB) 22.9 -> 19.5, cols float32 (8 MB) 49.5 -> 45.7.
-  // Larger ones stream out: plain, rows float32 (32 MB) went 55.8 -> 58.4, image float32
-  // (25.7 MB) 43.3 -> 43.9.
+  // grad lines, loaded evict-first, leave first). Larger ones stream out (evict-first),
+  // faster for them.
   c.evict_first_dx = 3 * t.input_numel() * elem_bytes > cuda::l2_bytes();
   return c;
 }
@@ -279,9 +267,7 @@ __device__ __forceinline__ IndexT min_index(IndexT a, IndexT b) {
 // ---------------------------------------------------------------------------
 // Forward kernels: y[base(c) + offset(k)] = x[c] for every tile k, over words W of
 // the vector's width (words_of: the same layout counted in words). y is stored with
-// streaming hints (written once, not read back here): cols [8192, 256] x (1, 16)
-// 50.1 -> 45.1 us float32, leading [1024, 1024] x (16, 1, 1) 27.3 -> 24.0, bias
-// bf16 2% faster, the others within +-0.7%.
+// streaming hints (written once, not read back here), faster than plain stores.
 
 // Broadcast: thread (word c, split s) reads x[c] once and stores it into tiles
 // [s * tiles_per_split, (s + 1) * tiles_per_split).
@@ -303,9 +289,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Gather: y[q] = x[source(q)], one output word a thread (a grid-stride loop
-// only past 2^31 - 1 CTAs). One word a thread instead of 4 on a grid of 4 waves:
-// image [32, 64, 56, 56] x (1, 1, 2, 2) bf16 25.14 -> 24.61 us (same process as
-// choose_repeat's numbers).
+// only past 2^31 - 1 CTAs), faster than 4 words a thread on a capped grid.
 template <typename W, int D, typename IndexT>
 __global__ void __launch_bounds__(kThreads)
     repeat_gather_kernel(const W* __restrict__ x, W* __restrict__ y, TileWalker<IndexT, D> w, IndexT num_words) {
@@ -390,9 +374,8 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 // a load re-reads it and its add is skipped) and held as raw words until the
 // adds: a conditional load whose bf16 halves are unpacked right after it would
 // wait for the load before the next one is issued. grad is read once, with
-// streaming hints (bias bf16 26.4 -> 25.1 us, leading [1024, 1024] x (16, 1, 1)
-// float32 26.0 -> 23.9, rows bf16 29.4 -> 28.9); dx is written once, evict-first
-// when it is larger than a third of L2 (choose_repeat_backward).
+// streaming hints; dx is written once, evict-first when it is larger than a third
+// of L2 (choose_repeat_backward).
 
 template <typename T, typename AccT, int V>
 __device__ __forceinline__ void add_raw(AccT (&acc)[V], const cuda::RawVec<T, V>& raw) {
