@@ -115,9 +115,7 @@ constexpr int fwd_decode_max_vpt(int64_t elem) { return elem == 2 ? 4 : elem == 
 
 // Whether decode rows' dW is summed by column CTAs beside the rows (decode_dw_columns):
 // for more than one row, and for a single row whose dW exceeds 8 KB, where the row's
-// CTA alone moved too many bytes through its SM (same build, one process, us: [1,
-// 8192] bf16 with a float32 weight 3.37 -> 2.42, [1, 4096] float32 2.35 -> 2.12,
-// [1, 8192] bf16 2.60 -> 2.39; [1, 4096] bf16, 8 KB, 1.93 -> 2.01).
+// CTA alone would move too many bytes through its SM.
 bool dw_by_columns(int64_t M, int64_t N, int64_t dw_elem) {
   return dw_elem > 0 && (M > 1 || N * dw_elem > 8192);
 }
@@ -174,22 +172,12 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // in registers from one round of loads, w included, with no row loop or layout.
   // Forward: at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors
   // (fwd_decode_max_vpt: 16-bit elements up to 4, float32 up to 8, float64 up to 2,
-  // then 512 threads of 2). Since every load issues before any is used, 256
-  // threads beat 512 of half the vectors at 15 of the 18 decode shapes, within
-  // 0.01 us at the others (same build, one process, us: [8, 4096] bf16 with a
-  // float32 weight 1.81 -> 1.73, [1, 4096] bf16 1.64 -> 1.62, [8, 8192] float32 2.43
-  // -> 2.38); 128 threads were slower ([1, 4096] float32 1.78 -> 1.83), 1024 too.
+  // then 512 threads of 2): every load issues before any is used, and 256 threads
+  // beat 512 of half the vectors, 128 and 1024 threads, at the decode shapes.
   // Backward: at most 512 threads of 1 vector, then of 2, then 1024 threads of 2
-  // (kDecodeVpt). Same build, one process (H100, us), against the general kernel's
-  // few-rows form (a CTA each, at most 8 elements a thread) or the 8-CTA cluster:
-  // forward [1, 4096] bf16 1.76 -> 1.68, [32, 8192] float32 2.67 -> 2.54 (every
-  // decode forward faster); backward [1, 4096] bf16 2.08 -> 1.93, [1, 8192] bf16
-  // 3.60 -> 2.50, [32, 8192] float32 6.09 -> 4.81 (dW from partial rows then);
-  // at M = 1 512 threads of 1 vector beat 256 of 2 ([1, 4096] bf16 1.93 vs 2.06),
-  // 512 of 2 beat 1024 of 1 ([1, 4096] float32 2.19 vs 2.37, [1, 8192] bf16 with a
-  // float32 weight 3.23 vs 3.57). With more than one row, dW is summed by columns
-  // in CTAs beside the rows instead of from partial rows by a second kernel: [8,
-  // 4096] bf16 3.72 -> 2.09 us, [32, 8192] bf16 5.39 -> 2.66, float32 5.36 -> 3.47.
+  // (kDecodeVpt), the fastest spread at each decode shape. With more than one row, dW is summed by columns in CTAs beside
+  // the rows rather than from partial rows by a second kernel (one launch fewer on a
+  // path that launch latency bounds).
   if (!c.looped && c.group == c.block && c.vec * elem == 16 && M <= cuda::num_sms()) {
     using Spread = std::pair<int, int>;  // (vectors per thread, threads at most), tried in order
     constexpr std::array<Spread, 5> kFwdSpreads{{{1, 256}, {2, 256}, {4, 256}, {8, 256}, {2, kBwdMaxThreads}}};
@@ -219,8 +207,8 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   }
   // The backward of a single row too long for the decode kernel but not for a
   // cluster's CTAs: one vector per thread over a cluster of kMaxCluster CTAs, so
-  // its loads come from that many SMs. (Spread so, the forward's float32 rows of
-  // 8192 were slower: 2.85 -> 3.71 us at M = 1.)
+  // its loads come from that many SMs. (The forward's rows of that length stay in one
+  // CTA: spread so, the cluster's barrier costs more than the loads it spreads.)
   if (!c.decode_rows && backward && M == 1 && c.vpt == kVpt && !c.looped && c.group == c.block &&
       c.vec * elem == 16 && sm_major() >= 9 && ceil_div<int64_t>(nv, kMaxCluster) <= kBwdMaxThreads) {
     c.vpt = 1;
@@ -229,13 +217,11 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   }
   // Backward cluster rows of a half input with a float32 dW (a float32 weight):
   // rms_norm_bwd_streamed_kernel, one CTA per SM, x and dy staged by bulk copies
-  // (its stages: kStreamStages rows of the CTA's 16-byte vectors of x and dy).
-  // Same build, one process (H100, us): [2048, 65536] bf16 with a float32 weight
-  // 333.9 -> 325.0, [4096, 32768] 315.0 -> 307.6. For the other dtypes it was
-  // slower than two register CTAs per SM ([2048, 65536] bf16 309 -> 325, float32
-  // 578 -> 614, [4096, 32768] float32 568 -> 607): with 16 warps an SM its block
-  // and cluster barriers stall the whole SM, where the weight's 32-byte vectors
-  // had cost the register kernel more (staged in part, see staged_weight).
+  // (its stages: kStreamStages rows of the CTA's 16-byte vectors of x and dy). Only
+  // there: the weight's 32-byte vectors cost the register kernel more than the
+  // streamed kernel's barriers cost it; for the other dtypes two register CTAs per SM
+  // are faster, since with 16 warps an SM the streamed kernel's block and cluster
+  // barriers stall the whole SM.
   if (backward && !c.looped && !c.decode_rows && c.cluster > 1 && c.vpt == kVpt && c.vec * elem == 16 &&
       elem == 2 && dw_elem == 4) {
     const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
@@ -261,10 +247,8 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   }
   const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
   // Forward rows of one CTA: a CTA per row group (the kernel's grid-stride loop
-  // only past 2^31 - 1 CTAs), as Triton's kernels run; against the grid of 16
-  // waves that walked the rest by grid-stride, same build, one process: float32
-  // 1.0-2.4% faster at N = 1024 to 16384 over three runs ([65536, 2048] 363.5 ->
-  // 358.6 us, [26214, 5120] 363.0 -> 355.9), bf16 0.2-1.3%.
+  // only past 2^31 - 1 CTAs), as Triton's kernels run: faster than a grid of 16
+  // waves walking the rest by grid-stride.
   if (!backward && c.cluster == 1 && !c.looped) {
     c.clusters = std::min<int64_t>(row_groups, std::numeric_limits<int32_t>::max());
     return c;
@@ -275,7 +259,7 @@ RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward,
   // at once leaves a tail wave; with clusters that can halve the speed. Backward:
   // one wave, each row group accumulating dW for the rows it visits. Forward
   // cluster rows and the two-pass kernel: up to 16 waves, the rest by grid-stride
-  // (a cluster per row group was slower, float32 [2048, 65536] 371.5 -> 377.3 us).
+  // (a cluster per row group is slower).
   int64_t resident = resident_row_groups(c, dtype, backward);
   if (backward) {
     const int64_t per_sm = std::clamp<int64_t>(1024 / c.block, 1, 32);
@@ -504,9 +488,9 @@ constexpr bool holds_last_weight(bool cluster_rows, int64_t w_vec_bytes) { retur
 // vector j at (j * C + c) * blockDim.x + threadIdx.x (C chunks a vector): a warp's
 // accesses are consecutive (no bank conflicts) and a thread reads only its own
 // slots (no barrier needed). kHoldLast (the backward's cluster rows with 32-byte
-// vectors): the last vector is held in registers for all rows instead (8 floats;
-// [2048, 65536] bf16 with a float32 weight 0.3486 -> 0.3389 ms) and at most Vpt - 1
-// are staged.
+// vectors): the last vector is held in registers for all rows (8 floats, which
+// spares an L2 read per row after the cluster barrier) and at most Vpt - 1 are
+// staged.
 template <bool kSpreadRows, bool kPartial, bool kHoldLast, typename AccT, typename W, int V, int Vpt>
 __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int staged, unsigned char* smem,
                                               const RowLayout& L, int nv) {
@@ -567,10 +551,8 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int stage
 // x is read once (kept in registers between the two steps); rstd written by u == 0.
 // kStreamRow: where the weight's vectors are 32 bytes (a float32 weight with a half
 // input; not staged, read from L2 for every row), x is loaded and y stored with
-// streaming hints (evict first), which keeps the weight in L2: [2048, 65536] bf16
-// 0.2057 -> 0.2002 ms, [4096, 32768] 0.1864 -> 0.1827 (same machine). With a
-// staged weight they were slower (float32 [2048, 65536] 0.3715 -> 0.3849, bf16
-// 0.1886 -> 0.1930), as they were in the backward (up to 10% at long rows).
+// streaming hints (evict first), which keeps the weight in L2. With a staged weight
+// the hints only slow the stores, so they are off there.
 // stage_w: the thread's w vectors in shared memory (staged_weight).
 
 template <typename T, typename W, typename AccT, int V, int Vpt>
@@ -625,9 +607,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // Decode kernels: a thread's weight vector w[col .. col + V) as loaded, 16-byte
 // chunks of raw bits, its elements converted to AccT where they are used (as x's
 // and dy's), so that no conversion waits for a weight load before the next
-// vector's loads are issued (the bf16 weight's unpacking had held the second
-// vector's loads back: forward [1, 8192] bf16 2.11 -> 1.87 us, H100, one process,
-// with the changes below).
+// vector's loads are issued (unpacking a bf16 weight early would hold them back).
 template <typename W, int V>
 struct RawWeight {
   static constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
@@ -650,11 +630,8 @@ struct RawWeight {
 };
 
 // One 16-byte vector of a decode row: the forward's by the read-only path (the
-// compiler's ld.global.nc), the backward's (kPlain) by a plain ld.global. Same
-// build, one process (H100, us): backward float32 0.03-0.06 faster at all six
-// decode shapes ([1, 8192] 2.74 -> 2.68, [32, 8192] 3.39 -> 3.33), bf16 at N = 8192
-// up to 0.04, the rest equal within 0.01; the forward with plain loads was slower
-// (float32 [1, 4096] 1.74 -> 1.77).
+// compiler's ld.global.nc), the backward's (kPlain) by a plain ld.global: each the
+// faster form for its kernel.
 template <bool kPlain, typename T, int N>
 __device__ __forceinline__ cuda::RawVec<T, N> load_decode_vec(const T* p) {
   if constexpr (kPlain) {
@@ -695,8 +672,7 @@ __device__ __forceinline__ void load_decode_row(const T* __restrict__ x, const T
 // blockDim.x + threadIdx.x), x and w in registers from one round of loads:
 //   ss = sum_i x_i^2 (this thread's Vpt * V squares by tree_sum, then block_sum_once)
 //   rstd = 1 / sqrt(ss * (1 / N) + eps);  y_i = T(x_i * rstd * w_i)
-// The CTA's only block sum takes no barrier after it (both decode kernels, H100,
-// one process: 0.00-0.03 us less a call at 35 of the 36 decode cases). Both take
+// The CTA's only block sum takes no barrier after it. Both decode kernels take
 // 1 / N from the host (inv_n): a multiply where a division is a dozen
 // instructions and a branch after the block sum (at most an ulp from ss / N; none
 // for a power of two N).
@@ -718,9 +694,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
 #pragma unroll
     for (int i = 0; i < V; ++i) sq[j * V + i] = x_at(j, i) * x_at(j, i);
   }
-  // Each thread's sum by cuda::tree_sum: same build, one process (H100, us): forward
-  // [1, 4096] float32 1.78 -> 1.74, [32, 4096] bf16 1.76 -> 1.73; the backward's [8,
-  // 8192] bf16 with a float32 weight 2.50 -> 2.45; the other decode cases within 0.02.
+  // Each thread's sum by cuda::tree_sum: a tree of independent adds, shorter than
+  // a chain of Vpt * V dependent ones.
   const AccT ss = cuda::block_sum_once(cuda::tree_sum<Vpt * V>(sq), scratch);
   const AccT r = rsqrt_acc(ss * inv_n + eps);
   if (threadIdx.x == 0) rstd[row] = r;
@@ -803,8 +778,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     const auto g_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(gv[j], i); };
     const AccT r = live ? rstd[row] : AccT(0);
     // Cluster rows with a 16-bit weight keep the last vector's weight from this sum
-    // for dx (8 registers: [2048, 65536] bf16 0.3153 -> 0.3077 ms; float32 unchanged;
-    // a float32 weight with a half input holds that vector already, staged_weight).
+    // for dx (8 registers, faster than reading it again; a float32 weight with a half
+    // input holds that vector already, staged_weight).
     constexpr bool kKeepLastW = kClusterRows && sizeof(W) == 2;
     AccT s = 0, w_last[V];
 #pragma unroll
@@ -840,9 +815,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       }
     };
     // Cluster rows: the dW sums need no s, so they are added between arriving at the
-    // row's cluster barrier and waiting there (row_sum), which hides part of its wait
-    // (same build, [2048, 65536] bf16 with a float32 weight 0.3617 -> 0.3494 ms). The
-    // other launches add them after the row's dx: added before it, they ran up to 1% slower.
+    // row's cluster barrier and waiting there (row_sum), which hides part of its wait.
+    // The other launches add them after the row's dx (before it, they are slower).
     s = row_sum(s, group, cluster, scratch, slots, parity, [&] {
       if constexpr (kClusterRows) {
         if (!want_dw || !live) return;
@@ -1274,14 +1248,11 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // choice's c.smem, in a register launch that is not cluster-spread: for 16-byte weight
 // vectors all of them (c.vpt) or none; in the backward, for 32-byte ones (a
 // float32 weight with a half input), the most that fit (cluster rows: of all but
-// the last); either way only while as
-// many CTAs (or clusters) stay resident as without. A forward CTA of one-CTA rows
-// takes a single row group; staging is kept there: it issues the weight's
-// loads before the row sum, the unstaged path after it (against none, same build:
-// float32 [16384, 8192] and [8192, 16384] 0.7-0.9% faster, N = 1024 and 2048
-// 0.3-0.4% slower). (The forward's 32-byte vectors
-// are not staged: its CTAs take one row or a few, and staging them was slower, [4096,
-// 32768] bfloat16 with a float32 weight 0.190 -> 0.210 ms.)
+// the last); either way only while as many CTAs (or clusters) stay resident as
+// without. A forward CTA of one-CTA rows takes a single row group; staging is kept
+// there: it issues the weight's loads before the row sum, the unstaged path after
+// it. (The forward's 32-byte vectors are not staged: its CTAs take one row or a
+// few, and staging them is slower.)
 template <typename... Args>
 int staged_weight_vectors(void (*kernel)(Args...), const RmsChoice& c, bool backward, bool weighted,
                           int64_t w_vec_bytes) {
@@ -1343,10 +1314,8 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
     if constexpr (Vpt == kVpt) {
       if (c.ctas_per_sm == 2) return fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 2>);
       // One row per CTA of more than 256 threads: the dW slots in 16-byte groups
-      // (116 -> 96 registers for 16-bit elements). Same build, [26214, 5120] float32
-      // 0.6175 -> 0.5726 ms, [8192, 16384] bf16 0.3004 -> 0.2859; at 256 threads mixed
-      // ([16384, 8192] bf16 +1%, with a float32 weight -2%), at fewer, and for cluster
-      // rows, slower (up to 9%, [65536, 2048] bf16).
+      // (fewer registers for 16-bit elements, faster there); at 256 threads and fewer,
+      // and for cluster rows, single slots, which are as fast or faster.
       if (c.cluster == 1 && c.group == c.block && c.block > 256) {
         return fn(rms_norm_bwd_kernel<T, W, AccT, V, Vpt, 1, true>);
       }

@@ -439,8 +439,7 @@ struct alignas(16) BlockSumScratch {
 // of every warp reads 16 bytes of warp sums (read l % 8 of four floats, or l % 16
 // of two doubles), adds them pairwise (tree_sum), and a butterfly
 // adds the reads: three dependent shuffles for float where a second warp_sum takes
-// five (rms_norm decode forward, H100: 0.00-0.09 us a call less, median 0.01, in
-// two runs against one baseline). For a block that sums once: scratch must not be
+// five. For a block that sums once: scratch must not be
 // written again (no barrier after the read).
 template <typename T>
 __device__ __forceinline__ T block_sum_once(T v, BlockSumScratch<T>& scratch) {
