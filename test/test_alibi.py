@@ -5,7 +5,7 @@ import torch
 from expecttest import TestCase
 
 import baracuda_ops
-from baracuda_ops.ops.alibi import reference, reference_slope_grad
+from baracuda_ops.bench.alibi import reference, reference_slope_grad
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager,
                      check_cuda_graph_matches_eager, check_export_matches_eager, check_torch_func_matches_autograd,
                      check_vmap_matches_per_sample,

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import baracuda_ops
-from baracuda_ops.ops.embedding_bag import zipf_indices
+from baracuda_ops.bench.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_cuda_graph_matches_eager,
                      check_export_matches_eager, check_torch_func_matches_autograd, check_vmap_matches_per_sample,
                      needs_two_gpus,

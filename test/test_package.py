@@ -1,12 +1,15 @@
 """The package around the ops: build facts, the Plan vocabulary, the main job and its tables."""
 
+import importlib
 import json
 import os
+import pkgutil
 
 import pytest
 import torch
 
 import baracuda_ops
+import baracuda_ops.ops
 from baracuda_ops import _plan, bench
 from baracuda_ops.__main__ import main
 
@@ -20,13 +23,30 @@ def test_version_build_info_and_typing_marker():
     assert os.path.exists(os.path.join(os.path.dirname(baracuda_ops.__file__), "py.typed"))
 
 
+def _library_families() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(baracuda_ops.ops.__path__))
+
+
 def test_every_family_is_exported():
-    for name in ("repeat", "rms_norm", "embedding_bag", "fractional_max_pool2d", "fractional_max_pool3d",
-                 "alibi", "alibi_", "alibi_slopes", "RepeatPlan", "RMSNormPlan", "EmbeddingBagPlan",
-                 "FractionalMaxPool2dPlan", "AlibiPlan"):
-        assert name in baracuda_ops.__all__ and hasattr(baracuda_ops, name), name
-    for name in ("RMSNorm", "EmbeddingBag", "FractionalMaxPool2d", "FractionalMaxPool3d", "ALiBi"):
-        assert hasattr(baracuda_ops.nn, name), name
+    # Each module of baracuda_ops/ops is a family; its __all__ is the package's.
+    assert _library_families()
+    for family in _library_families():
+        module = importlib.import_module(f"baracuda_ops.ops.{family}")
+        assert module.__all__, family
+        for name in module.__all__:
+            assert name in baracuda_ops.__all__ and getattr(baracuda_ops, name) is getattr(module, name), name
+    for name in baracuda_ops.nn.__all__:
+        assert issubclass(getattr(baracuda_ops.nn, name), torch.nn.Module), name
+
+
+def test_every_family_has_its_bench_module():
+    # baracuda_ops/bench/<family>.py beside each baracuda_ops/ops/<family>.py, found without a list.
+    found = {fam.__name__.rsplit(".", 1)[1]: fam for fam in bench.families()}
+    assert sorted(found) == _library_families()
+    for family, fam in found.items():
+        assert fam.self_checks(), family
+        assert {c.family for c in fam.benchmarks(torch.device("cpu"), False)} == {family}
+        assert fam.cpu_thread_cases(), family
 
 
 def test_drop_ins_take_torchs_argument_names_and_defaults():
@@ -74,8 +94,9 @@ def test_main_job_self_check_passes_on_cpu(capsys):
     assert main(["--device", "cpu", "--no-bench"]) == 0
     out = capsys.readouterr().out
     assert "self-check: all passed" in out and "FAIL" not in out
-    for op in ("repeat", "rms_norm", "embedding_bag[max]", "fractional_max_pool3d_backward", "alibi_backward"):
-        assert op in out
+    for fam in bench.families():
+        for check in fam.self_checks():
+            assert check.op in out, check.op
 
 
 def test_benchmark_table_and_json(tmp_path):
@@ -108,7 +129,7 @@ def test_benchmark_case_filter_on_cpu():
 def test_benchmark_inputs_depend_on_the_case_alone():
     # Each case's inputs are seeded from its name: the same in every run, whichever
     # cases ran before (a data-dependent slow path shows up in every run or in none).
-    cases = [c for c in bench.families() if hasattr(c, "benchmarks")]
+    cases = bench.families()
     case = next(c for fam in cases for c in fam.benchmarks(torch.device("cpu"), False)
                 if c.name.startswith("fractional_max_pool2d_backward"))
     first = bench._input_sets(case, torch.device("cpu"))

@@ -51,7 +51,7 @@ def main() -> int:
     copy = bench.copy_bandwidth_gbps(device)
     print(f"copy bandwidth {copy:.0f} GB/s")
     wanted = args.cases.split("|")
-    cases = [c for fam in bench.families() if hasattr(fam, "benchmarks") for c in fam.benchmarks(device, True)
+    cases = [c for fam in bench.families() for c in fam.benchmarks(device, True)
              if c.family in args.families.split(",") and any(w in c.name for w in wanted)]
     rows = []
     for case in cases:

@@ -14,7 +14,7 @@ def warmed_runs(wanted: Sequence[str], device: torch.device) -> Iterator[tuple[s
     contains one of `wanted`: ours, each peer and torch.compile, each called three times
     first (compilation, autotuning, allocator). A peer that cannot run a case is reported
     and left out."""
-    cases = [c for fam in bench.families() if hasattr(fam, "benchmarks") for c in fam.benchmarks(device, True)]
+    cases = [c for fam in bench.families() for c in fam.benchmarks(device, True)]
     for case in (c for c in cases if any(w in c.name for w in wanted)):
         bench.seed_inputs(case)  # the benchmark's inputs (its first copy)
         inputs = case.make_inputs()

@@ -1,18 +1,25 @@
 """Benchmark and self-check machinery behind ``python -m baracuda_ops``.
 
-Each op family module (``baracuda_ops/ops/<family>.py``) may define
+Each module ``baracuda_ops/bench/<family>.py`` belongs to one op family (found by
+``families()``, no list to edit) and defines
 
 * ``self_checks() -> list[SelfCheck]``: each runs the op against its reference
   on a device (raises AssertionError on a mismatch);
 * ``benchmarks(device, full) -> list[BenchCase]``: timed problems with their
-  bytes-moved floor and the peers a user would pick instead.
+  bytes-moved floor and the peers a user would pick instead;
+* ``cpu_thread_cases() -> dict[name, make]``: ``make()`` builds inputs and returns a
+  function that runs the family's ops on them and returns every output, whose
+  bits must not depend on the thread count or the vector ISA (test/test_cpu_threads.py);
+* optionally ``sanitizer_cases() -> list[fn(device)]``: extra inputs for
+  compute-sanitizer (tools/sanitizer_smoke.py).
+
+The library (``baracuda_ops/ops``) does not import this package.
 
 Timing: CUDA events (``time.perf_counter`` on CPU), warm-up, median of many
 runs, and inputs rotated among several copies so the working set exceeds the
-L2 cache (50 MB on the H100). The device's copy bandwidth is measured in the
-same run; every result is reported as a fraction of it.
+L2 cache. The device's copy bandwidth is measured in the same run; every result
+is reported as a fraction of it.
 """
-
 from __future__ import annotations
 
 import importlib
@@ -60,9 +67,9 @@ class BenchResult:
 
 
 def families() -> list[Any]:
-    from . import ops
-
-    return [importlib.import_module(f"{ops.__name__}.{m.name}") for m in sorted(pkgutil.iter_modules(ops.__path__), key=lambda m: m.name)]
+    """The family modules of this package, by name."""
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return [importlib.import_module(f"{__name__}.{name}") for name in names]
 
 
 def _sync(device: torch.device) -> None:
@@ -176,10 +183,9 @@ def run_benchmarks(device: torch.device, full: bool = False, peers: bool = True,
     copy_gbps = copy_bandwidth_gbps(device)
     cases_to_run: list[BenchCase] = []
     for fam in families():
-        if hasattr(fam, "benchmarks"):
-            cases_to_run += [c for c in fam.benchmarks(device, full)
-                             if (only is None or c.family in only.split(","))
-                             and (cases is None or any(part in c.name for part in cases.split("|")))]
+        cases_to_run += [c for c in fam.benchmarks(device, full)
+                         if (only is None or c.family in only.split(","))
+                         and (cases is None or any(part in c.name for part in cases.split("|")))]
     results: list[BenchResult] = []
     for i, case in enumerate(cases_to_run):
         if progress:
