@@ -103,7 +103,7 @@ def raise_argument_type_error(op: str, error: Exception, arguments: dict, sequen
     arguments that must be int sequences (the wrapper converts them before the op's schema
     sees them), ``tensors`` those that must be tensors or None (the wrapper reads their
     attributes first); the others are named by the schema parser's message ("... for argument 'eps'")."""
-    if isinstance(error, (BaracudaValueError, BaracudaIndexError, BaracudaTypeError)):
+    if isinstance(error, (BaracudaValueError, BaracudaIndexError, BaracudaTypeError, BaracudaNotImplementedError)):
         raise error
     message = str(error)
     for name in sequences:

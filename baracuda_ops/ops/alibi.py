@@ -269,7 +269,7 @@ def _alibi_backward_vmap(info, in_dims, grad, slopes, output_mask):
 
 
 def _problem(shape: Sequence[int]) -> list[int]:
-    return [int(s) for s in shape]
+    return list(shape)  # validated as int64 sizes by kernel_choice
 
 
 def _check_desc(op: str, shape: Sequence[int], dtype: torch.dtype, slopes_dtype: torch.dtype) -> None:
