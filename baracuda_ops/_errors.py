@@ -8,7 +8,8 @@ code and tests written around PyTorch keep catching them:
 
 - ``BaracudaValueError(ValueError, RuntimeError)``: a bad value or shape;
 - ``BaracudaIndexError(IndexError, RuntimeError)``: an index out of range;
-- ``BaracudaTypeError(TypeError, RuntimeError)``: a wrong dtype or argument type;
+- ``BaracudaTypeError(TypeError, NotImplementedError)``: a wrong dtype or argument type
+  (PyTorch raises NotImplementedError, a RuntimeError, for a dtype a kernel does not take);
 - ``BaracudaNotImplementedError(NotImplementedError)``: a valid call no kernel
   implements (NotImplementedError is a RuntimeError already).
 
@@ -35,8 +36,10 @@ class BaracudaIndexError(IndexError, RuntimeError):
     """An index out of range (PyTorch: RuntimeError on CPU)."""
 
 
-class BaracudaTypeError(TypeError, RuntimeError):
-    """A wrong dtype, or an argument of the wrong Python type."""
+class BaracudaTypeError(TypeError, NotImplementedError):
+    """A dtype the op does not take (PyTorch: NotImplementedError "not implemented for", or a
+    RuntimeError for mismatched dtypes), or an argument of the wrong Python type (TypeError).
+    NotImplementedError is a RuntimeError."""
 
 
 class BaracudaNotImplementedError(NotImplementedError):
@@ -95,11 +98,13 @@ def _is_int_sequence(value) -> bool:
     return isinstance(value, (list, tuple, torch.Size)) and all(_is_int(v) for v in value)
 
 
-def raise_argument_type_error(op: str, error: Exception, arguments: dict, sequences: tuple = (),
+def raise_typed_error(op: str, error: Exception, arguments: dict, sequences: tuple = (),
                               tensors: tuple = ()) -> NoReturn:
-    """Called from an ``except (TypeError, RuntimeError)`` around a wrapper's op call (free when
-    the call succeeds): an argument of the wrong Python type becomes a BaracudaTypeError naming
-    the op and the argument; any other error is re-raised as it is. ``sequences`` names the
+    """Called from an ``except`` around a wrapper's body (free when the call succeeds): an
+    argument of the wrong Python type becomes a BaracudaTypeError naming the op and the
+    argument; a NotImplementedError or IndexError from PyTorch code the wrapper runs first (the
+    random samples of an integer input, a dim of a too-small input) becomes ours, of the same
+    type, naming the op; our own errors and any other are re-raised as they are. ``sequences`` names the
     arguments that must be int sequences (the wrapper converts them before the op's schema
     sees them), ``tensors`` those that must be tensors or None (the wrapper reads their
     attributes first); the others are named by the schema parser's message ("... for argument 'eps'")."""
@@ -123,6 +128,10 @@ def raise_argument_type_error(op: str, error: Exception, arguments: dict, sequen
             raise BaracudaTypeError(
                 f"baracuda::{op}: argument {name} has the wrong type: {type(value).__name__} {value!r} ({message})"
             ) from error
+    if isinstance(error, NotImplementedError):
+        raise BaracudaNotImplementedError(f"baracuda::{op}: {message}") from error
+    if isinstance(error, IndexError):
+        raise BaracudaIndexError(f"baracuda::{op}: {message}") from error
     raise error
 
 

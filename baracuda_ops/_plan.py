@@ -48,10 +48,10 @@ def plan_errors() -> Iterator[None]:
         yield
     except BaracudaError:
         raise
+    except (ValueError, TypeError, IndexError) as e:  # before NotImplementedError: a dtype error is both
+        raise InvalidProblemError(str(e)) from e
     except NotImplementedError as e:
         raise UnsupportedError(str(e)) from e
-    except (ValueError, TypeError, IndexError) as e:
-        raise InvalidProblemError(str(e)) from e
 
 
 @dataclass(frozen=True)

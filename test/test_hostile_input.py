@@ -323,7 +323,8 @@ def test_vmap_embedding_bag_zero_bags(device, mode, include_last_offset):
 def test_exception_classes_are_also_pytorchs():
     assert issubclass(BaracudaValueError, ValueError) and issubclass(BaracudaValueError, RuntimeError)
     assert issubclass(BaracudaIndexError, IndexError) and issubclass(BaracudaIndexError, RuntimeError)
-    assert issubclass(BaracudaTypeError, TypeError) and issubclass(BaracudaTypeError, RuntimeError)
+    assert issubclass(BaracudaTypeError, TypeError) and issubclass(BaracudaTypeError, NotImplementedError)
+    assert issubclass(BaracudaTypeError, RuntimeError)
     assert issubclass(BaracudaNotImplementedError, NotImplementedError)
     assert issubclass(InvalidProblemError, BaracudaValueError) and issubclass(UnsupportedError, RuntimeError)
 

@@ -32,7 +32,7 @@ import torch
 
 from .._autograd import register_autograd
 from .._vmap import arg_dims, batch_first, sample_meta
-from .._errors import BaracudaValueError, check_same_device, raise_argument_type_error
+from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -55,7 +55,7 @@ def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     try:
         return _Alibi(scores, slopes)
     except (TypeError, RuntimeError) as e:
-        raise_argument_type_error("alibi", e, locals(), (), ("scores", "slopes"))
+        raise_typed_error("alibi", e, locals(), (), ("scores", "slopes"))
 
 
 def alibi_(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ from .._errors import (
     BaracudaValueError,
     check_index_range,
     check_same_device,
-    raise_argument_type_error,
+    raise_typed_error,
 )
 from .._plan import (
     InvalidProblemError,
@@ -136,7 +136,7 @@ def embedding_bag(
             return _WithGradientOptions.apply(*args, sparse, scale_grad_by_freq)[0]
         return _EmbeddingBag(*args)[0]
     except (TypeError, RuntimeError) as e:
-        raise_argument_type_error("embedding_bag", e, locals(), (), ("input", "weight", "offsets", "per_sample_weights"))
+        raise_typed_error("embedding_bag", e, locals(), (), ("input", "weight", "offsets", "per_sample_weights"))
 
 
 # --------------------------------------------------------------------------- fakes

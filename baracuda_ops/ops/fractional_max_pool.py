@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .._autograd import DifferentiableOp, register_autograd
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
-from .._errors import BaracudaValueError, check_same_device, raise_argument_type_error
+from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -49,7 +49,8 @@ def _expand(value, dims: int, name: str) -> list:
     """An int (or float) broadcast to ``dims`` entries, or a sequence of exactly ``dims`` entries."""
     if isinstance(value, (list, tuple)):
         if len(value) != dims:
-            raise BaracudaValueError(f"fractional_max_pool{dims}d: {name} must have {dims} entries, got {list(value)}")
+            raise BaracudaValueError(
+                f"baracuda::fractional_max_pool{dims}d: {name} must have {dims} entries, got {list(value)}")
         return list(value)
     return [value] * dims
 
@@ -58,19 +59,19 @@ def _functional(dims: int, input, kernel_size, output_size, output_ratio, return
     op = _POOL[dims]
     if output_size is None and output_ratio is None:
         raise BaracudaValueError(
-            f"fractional_max_pool{dims}d requires specifying either an output_size or an output_ratio"
+            f"baracuda::fractional_max_pool{dims}d: requires specifying either an output_size or an output_ratio"
         )
-    if output_size is None:
-        ratio = _expand(output_ratio, dims, "output_ratio")
-        output_size = [int(input.size(d - dims) * r) for d, r in enumerate(ratio)]
-    if _random_samples is None:
-        n_batch = 1 if input.dim() == dims + 1 else input.size(0)
-        _random_samples = torch.rand(n_batch, input.size(-dims - 1), dims, dtype=input.dtype, device=input.device)
     try:
+        if output_size is None:
+            ratio = _expand(output_ratio, dims, "output_ratio")
+            output_size = [int(input.size(d - dims) * r) for d, r in enumerate(ratio)]
+        if _random_samples is None:
+            n_batch = 1 if input.dim() == dims + 1 else input.size(0)
+            _random_samples = torch.rand(n_batch, input.size(-dims - 1), dims, dtype=input.dtype, device=input.device)
         output, indices = op(input, _expand(kernel_size, dims, "kernel_size"), _expand(output_size, dims, "output_size"),
                              _random_samples)
-    except (TypeError, RuntimeError) as e:
-        raise_argument_type_error(f"fractional_max_pool{dims}d", e, locals(), ("kernel_size", "output_size"), ("input",))
+    except (TypeError, RuntimeError, IndexError, AttributeError) as e:
+        raise_typed_error(f"fractional_max_pool{dims}d", e, locals(), ("kernel_size", "output_size"), ("input",))
     return (output, indices) if return_indices else output
 
 

@@ -16,7 +16,7 @@ import torch
 
 from .._autograd import register_autograd
 from .._vmap import arg_dims, per_sample, sample_meta
-from .._errors import BaracudaValueError, check_numel, check_same_device, raise_argument_type_error
+from .._errors import BaracudaValueError, check_numel, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -35,7 +35,7 @@ def repeat(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     try:
         return _Repeat(x, list(repeats))
     except (TypeError, RuntimeError) as e:
-        raise_argument_type_error("repeat", e, locals(), sequences=("repeats",))
+        raise_typed_error("repeat", e, locals(), sequences=("repeats",))
 
 
 def _output_shape(op: str, input_shape: Sequence, repeats: Sequence) -> list:

@@ -43,7 +43,7 @@ import torch
 
 from .._autograd import register_autograd, register_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
-from .._errors import BaracudaValueError, check_same_device, raise_argument_type_error
+from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -73,7 +73,7 @@ def rms_norm(
     try:
         return _RMSNorm(input, list(normalized_shape), _kernel_weight(input, weight), eps)[0]
     except (TypeError, RuntimeError, AttributeError) as e:
-        raise_argument_type_error("rms_norm", e, locals(), ("normalized_shape",), ("input", "weight"))
+        raise_typed_error("rms_norm", e, locals(), ("normalized_shape",), ("input", "weight"))
 
 
 def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
