@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import _C  # noqa: F401  (registers torch.ops.baracuda.*)
+from ._errors import BaracudaIndexError, BaracudaNotImplementedError, BaracudaTypeError, BaracudaValueError
 from ._plan import (
     BaracudaError,
     BufferTooSmallError,
@@ -33,6 +34,10 @@ __all__ = [
     "build_info",
     "nn",
     "BaracudaError",
+    "BaracudaIndexError",
+    "BaracudaNotImplementedError",
+    "BaracudaTypeError",
+    "BaracudaValueError",
     "BufferTooSmallError",
     "InvalidProblemError",
     "KernelSku",

@@ -11,30 +11,33 @@ the op's out-variant.
 from __future__ import annotations
 
 import contextlib
+import operator
 import platform
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
+from ._errors import BaracudaNotImplementedError, BaracudaValueError
+
 
 class BaracudaError(Exception):
     """Base class of every error the Plan API raises."""
 
 
-class InvalidProblemError(BaracudaError, ValueError):
+class InvalidProblemError(BaracudaError, BaracudaValueError):
     """The problem or the tensors given do not describe a valid instance of the op."""
 
 
-class UnsupportedError(BaracudaError, NotImplementedError):
+class UnsupportedError(BaracudaError, BaracudaNotImplementedError):
     """The problem is valid but no kernel here implements it (or not within the preference)."""
 
 
-class BufferTooSmallError(BaracudaError, ValueError):
+class BufferTooSmallError(BaracudaError, BaracudaValueError):
     """An output buffer has fewer elements than the problem writes."""
 
 
-class WorkspaceTooSmallError(BaracudaError, ValueError):
+class WorkspaceTooSmallError(BaracudaError, BaracudaValueError):
     """The caller's workspace is smaller than ``workspace_size()``."""
 
 
@@ -45,10 +48,10 @@ def plan_errors() -> Iterator[None]:
         yield
     except BaracudaError:
         raise
+    except (ValueError, TypeError, IndexError) as e:  # before NotImplementedError: a dtype error is both
+        raise InvalidProblemError(str(e)) from e
     except NotImplementedError as e:
         raise UnsupportedError(str(e)) from e
-    except (ValueError, TypeError, IndexError) as e:
-        raise InvalidProblemError(str(e)) from e
 
 
 @dataclass(frozen=True)
@@ -106,10 +109,40 @@ def device_arch(device: torch.device) -> str:
     return platform.machine()
 
 
+def plan_device(op: str, device: torch.device | str) -> torch.device:
+    """A descriptor's device, resolved (a bare "cuda" is the current CUDA device); a device
+    this machine cannot run on is an UnsupportedError."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidProblemError(f"baracuda::{op}: device {device!r} is not a device: {e}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedError(f"baracuda::{op}: device {device} was asked for but CUDA is not available here")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def problem_ints(op: str, problem: Sequence[Any]) -> list[int]:
+    """The problem as int64 values: every entry of every family's encoding is a size, a count or
+    an enum, so an integer in [0, 2^63); a fractional, negative or oversized entry (a
+    descriptor field with such a value) is an InvalidProblemError."""
+    values = []
+    for p in problem:
+        try:
+            v = operator.index(p)
+        except TypeError as e:
+            raise InvalidProblemError(f"baracuda::{op}: sizes must be integers, got {p!r} in {list(problem)}") from e
+        if not 0 <= v < 2**63:
+            raise InvalidProblemError(f"baracuda::{op}: sizes must be in [0, 2^63), got {v} in {list(problem)}")
+        values.append(v)
+    return values
+
+
 def kernel_choice(op: str, device: torch.device, problem: Sequence[int], dtype: torch.dtype) -> tuple[str, int]:
     """(variant, workspace bytes) that op's launcher picks for this problem on this device."""
     with plan_errors():
-        variant, workspace = torch.ops.baracuda._kernel_choice(op, device, [int(p) for p in problem], dtype)
+        variant, workspace = torch.ops.baracuda._kernel_choice(op, device, problem_ints(op, problem), dtype)
     return variant, int(workspace)
 
 
@@ -122,9 +155,7 @@ class Plan:
     def __init__(self, desc: Any, pref: PlanPreference, problem: Sequence[int]) -> None:
         self.desc = desc
         self.pref = pref
-        device = torch.device(desc.device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = plan_device(self.op, desc.device)
         self._device = device
         self._variant, self._workspace_bytes = kernel_choice(self.op, device, problem, desc.dtype)
         if pref.max_workspace_bytes is not None and self._workspace_bytes > pref.max_workspace_bytes:

@@ -4,15 +4,57 @@
 #include <Python.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/library.h>
 
+#include <array>
 #include <string>
 #include <tuple>
 
 #include "baracuda/cpu_utils.h"
+#include "baracuda/errors.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
+namespace {
+
+// The Python class of each ErrorKind (baracuda_ops._errors), set once at import
+// by _C._set_error_types; the builtin type until then.
+std::array<PyObject*, 4> error_types = {nullptr, nullptr, nullptr, nullptr};
+
+struct TypedError : torch::PyTorchError {
+  TypedError(ErrorKind kind, std::string msg) : torch::PyTorchError(std::move(msg)), kind(kind) {}
+  PyObject* python_type() override {
+    PyObject* t = error_types[static_cast<size_t>(kind)];
+    if (t != nullptr) return t;
+    switch (kind) {
+      case ErrorKind::kIndex: return PyExc_IndexError;
+      case ErrorKind::kType: return PyExc_TypeError;
+      case ErrorKind::kNotImplemented: return PyExc_NotImplementedError;
+      default: return PyExc_ValueError;
+    }
+  }
+  ErrorKind kind;
+};
+
+PyObject* set_error_types(PyObject*, PyObject* args) {
+  PyObject* types[4];
+  if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyType_Type, &types[0], &PyType_Type, &types[1], &PyType_Type, &types[2],
+                        &PyType_Type, &types[3])) {
+    return nullptr;
+  }
+  for (size_t k = 0; k < error_types.size(); ++k) {
+    Py_INCREF(types[k]);
+    Py_XDECREF(error_types[k]);
+    error_types[k] = types[k];
+  }
+  Py_RETURN_NONE;
+}
+
+}  // namespace
+
+void throw_error(ErrorKind kind, const std::string& msg) { throw TypedError(kind, msg); }
+
 namespace {
 
 // The kernel a launcher would choose for `problem` on `device`, and its
@@ -21,7 +63,7 @@ std::tuple<std::string, int64_t> kernel_choice(c10::string_view op, c10::Device 
                                                c10::ScalarType dtype) {
   const auto& selectors = variant_selectors();
   const auto it = selectors.find({std::string(op), device.type()});
-  TORCH_CHECK_NOT_IMPLEMENTED(it != selectors.end(), "baracuda::_kernel_choice: no ", device.type(),
+  BARACUDA_CHECK_NOT_IMPLEMENTED(it != selectors.end(), "baracuda::_kernel_choice: no ", device.type(),
                               " kernel is registered for ", op, " in this build");
   c10::OptionalDeviceGuard guard;
   if (device.has_index()) guard.reset_device(device);
@@ -142,7 +184,11 @@ TORCH_LIBRARY(baracuda, m) {
 #endif
 
 extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "baracuda_ops native kernels", -1, nullptr};
+  static PyMethodDef methods[] = {
+      {"_set_error_types", baracuda::set_error_types, METH_VARARGS,
+       "_set_error_types(value, index, type, not_implemented): the Python classes the ops' errors raise"},
+      {nullptr, nullptr, 0, nullptr}};
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "baracuda_ops native kernels", -1, methods};
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr) return nullptr;
   if (PyModule_AddIntConstant(m, "with_cuda", BARACUDA_PY_WITH_CUDA) < 0 ||

@@ -31,6 +31,7 @@ import torch
 
 from .._autograd import register_autograd
 from .._vmap import arg_dims, batch_first, sample_meta
+from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -50,7 +51,10 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     """``scores + slopes[h] * (j - i)`` on ``[B, H, Q, K]`` scores; differentiable w.r.t. both."""
-    return _Alibi(scores, slopes)
+    try:
+        return _Alibi(scores, slopes)
+    except (TypeError, RuntimeError) as e:
+        raise_typed_error("alibi", e, locals(), (), ("scores", "slopes"))
 
 
 def alibi_(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
@@ -68,7 +72,7 @@ def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, device=None
     ``k = 1, 3, 5, ...``, until there are ``n``. Computed in float64, rounded once.
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"baracuda.alibi_slopes: num_heads must be an int >= 1, got {num_heads!r}")
+        raise BaracudaValueError(f"baracuda.alibi_slopes: num_heads must be an int >= 1, got {num_heads!r}")
     p = 1 << (num_heads.bit_length() - 1)
     slopes = [2.0 ** (-8.0 * k / p) for k in range(1, p + 1)]
     slopes += [2.0 ** (-4.0 * k / p) for k in range(1, 2 * (num_heads - p), 2)]
@@ -81,11 +85,11 @@ def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, device=None
 def _check_shapes(op: str, scores_name: str, scores, slopes) -> None:
     """The shape checks of check_alibi_args that need no guard on symbolic sizes."""
     if scores.dim() != 4:
-        raise ValueError(f"baracuda::{op}: {scores_name} must be 4-D [B, H, Q, K], got shape {list(scores.shape)}")
+        raise BaracudaValueError(f"baracuda::{op}: {scores_name} must be 4-D [B, H, Q, K], got shape {list(scores.shape)}")
     heads = scores.shape[1]
     bad = slopes.dim() != 1 or (isinstance(heads, int) and isinstance(slopes.shape[0], int) and slopes.shape[0] != heads)
     if bad:
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: slopes shape {list(slopes.shape)} != expected [{heads}] "
             f"(one slope per head of {scores_name} {list(scores.shape)})"
         )
@@ -93,24 +97,28 @@ def _check_shapes(op: str, scores_name: str, scores, slopes) -> None:
 
 @torch.library.register_fake("baracuda::alibi")
 def _alibi_fake(scores, slopes):
+    check_same_device("alibi", locals())
     _check_shapes("alibi", "scores", scores, slopes)
     return scores.new_empty(scores.shape)
 
 
 @torch.library.register_fake("baracuda::alibi.out")
 def _alibi_out_fake(scores, slopes, *, out):
+    check_same_device("alibi", locals())
     _check_shapes("alibi", "scores", scores, slopes)
     return None
 
 
 @torch.library.register_fake("baracuda::alibi_inplace")
 def _alibi_inplace_fake(scores, slopes):
+    check_same_device("alibi_inplace", locals())
     _check_shapes("alibi_inplace", "scores", scores, slopes)
     return None
 
 
 @torch.library.register_fake("baracuda::alibi_backward")
 def _alibi_backward_fake(grad, slopes, output_mask):
+    check_same_device("alibi_backward", locals())
     _check_shapes("alibi_backward", "grad", grad, slopes)
     grad_scores = grad.new_empty(grad.shape) if output_mask[0] else None
     grad_slopes = slopes.new_empty(slopes.shape) if output_mask[1] else None
@@ -119,6 +127,7 @@ def _alibi_backward_fake(grad, slopes, output_mask):
 
 @torch.library.register_fake("baracuda::alibi_backward.out")
 def _alibi_backward_out_fake(grad, slopes, output_mask, *, grad_scores, grad_slopes, workspace):
+    check_same_device("alibi_backward", locals())
     _check_shapes("alibi_backward", "grad", grad, slopes)
     return None
 
@@ -259,7 +268,7 @@ def _alibi_backward_vmap(info, in_dims, grad, slopes, output_mask):
 
 
 def _problem(shape: Sequence[int]) -> list[int]:
-    return [int(s) for s in shape]
+    return list(shape)  # validated as int64 sizes by kernel_choice
 
 
 def _check_desc(op: str, shape: Sequence[int], dtype: torch.dtype, slopes_dtype: torch.dtype) -> None:

@@ -44,6 +44,13 @@ import torch
 
 from .._autograd import register_autograd, register_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
+from .._errors import (
+    BaracudaNotImplementedError,
+    BaracudaValueError,
+    check_index_range,
+    check_same_device,
+    raise_typed_error,
+)
 from .._plan import (
     InvalidProblemError,
     Plan,
@@ -70,7 +77,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _mode_enum(mode: str) -> int:
     if mode not in _MODES:
-        raise ValueError(f"baracuda::embedding_bag: mode has to be one of sum, mean or max, got {mode!r}")
+        raise BaracudaValueError(f"baracuda::embedding_bag: mode has to be one of sum, mean or max, got {mode!r}")
     return _MODES[mode]
 
 
@@ -79,7 +86,7 @@ def _normalize_padding_idx(padding_idx: int | None, num_embeddings) -> int:
     if padding_idx is None:
         return -1
     if not -num_embeddings <= padding_idx < num_embeddings:
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::embedding_bag: padding_idx must be within the number of embeddings, "
             f"-{num_embeddings} through {num_embeddings - 1}, but got {padding_idx}"
         )
@@ -109,23 +116,27 @@ def embedding_bag(
     (PyTorch divides each term, this divides each row's sum: the same up to rounding)."""
     mode_enum = _mode_enum(mode)
     if mode_enum == 2 and scale_grad_by_freq:
-        raise ValueError("baracuda::embedding_bag: max mode does not support scaling the gradient by the frequency")
+        raise BaracudaValueError("baracuda::embedding_bag: max mode does not support scaling the gradient by the frequency")
     if mode_enum == 2 and sparse:
-        raise ValueError("baracuda::embedding_bag: max mode does not support sparse weights")
+        raise BaracudaValueError("baracuda::embedding_bag: max mode does not support sparse weights")
     if weight.dim() != 2:
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::embedding_bag: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}"
         )
     pad = _normalize_padding_idx(padding_idx, weight.shape[0])
     if input.dim() == 2:
         include_last_offset = False  # F.embedding_bag ignores it for 2-D input
     if max_norm is not None:
+        check_index_range("embedding_bag", input, weight.shape[0])  # before the in-place renorm
         with torch.no_grad():
             torch.embedding_renorm_(weight, input.reshape(-1), max_norm, norm_type)
     args = (weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad)
-    if sparse or scale_grad_by_freq:
-        return _WithGradientOptions.apply(*args, sparse, scale_grad_by_freq)[0]
-    return _EmbeddingBag(*args)[0]
+    try:
+        if sparse or scale_grad_by_freq:
+            return _WithGradientOptions.apply(*args, sparse, scale_grad_by_freq)[0]
+        return _EmbeddingBag(*args)[0]
+    except (TypeError, RuntimeError) as e:
+        raise_typed_error("embedding_bag", e, locals(), (), ("input", "weight", "offsets", "per_sample_weights"))
 
 
 # --------------------------------------------------------------------------- fakes
@@ -134,30 +145,30 @@ def embedding_bag(
 def _fake_geometry(weight, indices, offsets, mode, per_sample_weights, include_last_offset):
     op = "baracuda::embedding_bag"
     if mode not in (0, 1, 2):
-        raise ValueError(f"{op}: mode must be 0 (sum), 1 (mean) or 2 (max), got {mode}")
+        raise BaracudaValueError(f"{op}: mode must be 0 (sum), 1 (mean) or 2 (max), got {mode}")
     if weight.dim() != 2:
-        raise ValueError(f"{op}: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}")
+        raise BaracudaValueError(f"{op}: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}")
     if indices.dim() == 2:
         if offsets is not None:
-            raise ValueError(
+            raise BaracudaValueError(
                 f"{op}: offsets must be None when indices is 2-D (fixed-size bags), got offsets of shape "
                 f"{list(offsets.shape)}"
             )
         num_bags = indices.shape[0]
     elif indices.dim() == 1:
         if offsets is None:
-            raise ValueError(f"{op}: offsets are required when indices is 1-D")
+            raise BaracudaValueError(f"{op}: offsets are required when indices is 1-D")
         if offsets.dim() != 1:
-            raise ValueError(f"{op}: offsets must be 1-D, got shape {list(offsets.shape)}")
+            raise BaracudaValueError(f"{op}: offsets must be 1-D, got shape {list(offsets.shape)}")
         if include_last_offset and offsets.shape[0] == 0:
-            raise ValueError(f"{op}: include_last_offset needs at least 1 offset, got 0")
+            raise BaracudaValueError(f"{op}: include_last_offset needs at least 1 offset, got 0")
         num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     else:
-        raise ValueError(
+        raise BaracudaValueError(
             f"{op}: indices must be 1-D (with offsets) or 2-D (fixed-size bags), got shape {list(indices.shape)}"
         )
     if per_sample_weights is not None and mode != 0:
-        raise ValueError(
+        raise BaracudaNotImplementedError(
             f"{op}: per_sample_weights is only supported with mode 0 (sum), got mode {mode} "
             f"({['sum', 'mean', 'max'][mode]})"
         )
@@ -167,6 +178,7 @@ def _fake_geometry(weight, indices, offsets, mode, per_sample_weights, include_l
 @torch.library.register_fake("baracuda::embedding_bag")
 def _embedding_bag_fake(weight, indices, offsets, bag_mode=0, per_sample_weights=None, include_last_offset=False,
                         padding_idx=-1):
+    check_same_device("embedding_bag", locals())
     num_bags = _fake_geometry(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset)
     dim = weight.shape[1]
     output = weight.new_empty([num_bags, dim])
@@ -179,14 +191,16 @@ def _embedding_bag_fake(weight, indices, offsets, bag_mode=0, per_sample_weights
 @torch.library.register_fake("baracuda::embedding_bag.out")
 def _embedding_bag_out_fake(weight, indices, offsets, bag_mode=0, per_sample_weights=None, include_last_offset=False,
                             padding_idx=-1, *, output, offset2bag, bag_size, max_positions):
+    check_same_device("embedding_bag", locals())
     return None
 
 
 @torch.library.register_fake("baracuda::embedding_bag_backward")
 def _embedding_bag_backward_fake(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
                                  per_sample_weights=None, padding_idx=-1):
+    check_same_device("embedding_bag_backward", locals())
     if grad.dim() != 2:
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::embedding_bag_backward: grad must be 2-D [num_bags, embedding_dim], got shape {list(grad.shape)}"
         )
     return grad.new_empty([num_weights, grad.shape[1]])
@@ -195,13 +209,15 @@ def _embedding_bag_backward_fake(grad, indices, offset2bag, bag_size, max_positi
 @torch.library.register_fake("baracuda::embedding_bag_backward.out")
 def _embedding_bag_backward_out_fake(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
                                      per_sample_weights=None, padding_idx=-1, *, grad_weight, workspace):
+    check_same_device("embedding_bag_backward", locals())
     return None
 
 
 @torch.library.register_fake("baracuda::embedding_bag_per_sample_weights_backward")
 def _per_sample_weights_backward_fake(grad, weight, indices, offset2bag, bag_mode, padding_idx=-1):
+    check_same_device("embedding_bag_per_sample_weights_backward", locals())
     if bag_mode != 0:
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::embedding_bag_per_sample_weights_backward: per_sample_weights only have a gradient in mode 0 "
             f"(sum), got mode {bag_mode} ({['sum', 'mean', 'max'][bag_mode] if bag_mode in (0, 1, 2) else 'invalid'})"
         )
@@ -211,6 +227,7 @@ def _per_sample_weights_backward_fake(grad, weight, indices, offset2bag, bag_mod
 @torch.library.register_fake("baracuda::embedding_bag_per_sample_weights_backward.out")
 def _per_sample_weights_backward_out_fake(grad, weight, indices, offset2bag, bag_mode, padding_idx=-1, *,
                                           grad_per_sample_weights):
+    check_same_device("embedding_bag_per_sample_weights_backward", locals())
     return None
 
 
@@ -428,7 +445,11 @@ def _embedding_bag_vmap(info, in_dims, weight, indices, offsets=None, bag_mode=0
         if n * length > torch.iinfo(torch.int32).max:
             off = off.long()
         clamped = off.clamp(0, length)
-        last = clamped[:, -1:] if include_last_offset else torch.full_like(clamped[:, :1], length)
+        # The closing bag starts where the sample's last bag ends: its last offset, the end of its
+        # positions (the last bag runs to the end), or 0 when it has no bags at all.
+        last = torch.full((n, 1), length if bags > 0 else 0, dtype=off.dtype, device=off.device)
+        if include_last_offset:
+            last = clamped[:, -1:]
         starts = torch.cat([clamped[:, :bags], last], 1) + (samples * length).to(off.dtype).unsqueeze(1)
         folded = torch.cat([starts.flatten(), starts.new_full((1,), n * length)])
         output, offset2bag, bag_size, max_positions = torch.ops.baracuda.embedding_bag(

@@ -22,6 +22,7 @@ import torch
 
 from .._autograd import DifferentiableOp, register_autograd
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
+from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -45,7 +46,8 @@ def _expand(value, dims: int, name: str) -> list:
     """An int (or float) broadcast to ``dims`` entries, or a sequence of exactly ``dims`` entries."""
     if isinstance(value, (list, tuple)):
         if len(value) != dims:
-            raise ValueError(f"fractional_max_pool{dims}d: {name} must have {dims} entries, got {list(value)}")
+            raise BaracudaValueError(
+                f"baracuda::fractional_max_pool{dims}d: {name} must have {dims} entries, got {list(value)}")
         return list(value)
     return [value] * dims
 
@@ -53,17 +55,20 @@ def _expand(value, dims: int, name: str) -> list:
 def _functional(dims: int, input, kernel_size, output_size, output_ratio, return_indices, _random_samples):
     op = _POOL[dims]
     if output_size is None and output_ratio is None:
-        raise ValueError(
-            f"fractional_max_pool{dims}d requires specifying either an output_size or an output_ratio"
+        raise BaracudaValueError(
+            f"baracuda::fractional_max_pool{dims}d: requires specifying either an output_size or an output_ratio"
         )
-    if output_size is None:
-        ratio = _expand(output_ratio, dims, "output_ratio")
-        output_size = [int(input.size(d - dims) * r) for d, r in enumerate(ratio)]
-    if _random_samples is None:
-        n_batch = 1 if input.dim() == dims + 1 else input.size(0)
-        _random_samples = torch.rand(n_batch, input.size(-dims - 1), dims, dtype=input.dtype, device=input.device)
-    output, indices = op(input, _expand(kernel_size, dims, "kernel_size"), _expand(output_size, dims, "output_size"),
-                         _random_samples)
+    try:
+        if output_size is None:
+            ratio = _expand(output_ratio, dims, "output_ratio")
+            output_size = [int(input.size(d - dims) * r) for d, r in enumerate(ratio)]
+        if _random_samples is None:
+            n_batch = 1 if input.dim() == dims + 1 else input.size(0)
+            _random_samples = torch.rand(n_batch, input.size(-dims - 1), dims, dtype=input.dtype, device=input.device)
+        output, indices = op(input, _expand(kernel_size, dims, "kernel_size"), _expand(output_size, dims, "output_size"),
+                             _random_samples)
+    except (TypeError, RuntimeError, IndexError, AttributeError) as e:
+        raise_typed_error(f"fractional_max_pool{dims}d", e, locals(), ("kernel_size", "output_size"), ("input",))
     return (output, indices) if return_indices else output
 
 
@@ -85,16 +90,16 @@ def _output_shape(op: str, dims: int, input_shape: Sequence, kernel_size: Sequen
     """The op's output shape, with the C++ checks' ValueErrors where they need no guard on symbolic sizes."""
     nd = len(input_shape)
     if nd not in (dims + 1, dims + 2):
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: expected a {dims + 1}-D or {dims + 2}-D input, got shape {list(input_shape)}"
         )
     if len(kernel_size) != dims:
-        raise ValueError(f"baracuda::{op}: kernel_size must have {dims} entries, got {list(kernel_size)}")
+        raise BaracudaValueError(f"baracuda::{op}: kernel_size must have {dims} entries, got {list(kernel_size)}")
     if len(output_size) != dims:
-        raise ValueError(f"baracuda::{op}: output_size must have {dims} entries, got {list(output_size)}")
+        raise BaracudaValueError(f"baracuda::{op}: output_size must have {dims} entries, got {list(output_size)}")
     for axis, size, k, out in zip(_AXES[dims], input_shape[nd - dims:], kernel_size, output_size):
         if all(isinstance(v, int) for v in (size, k, out)) and out + k - 1 > size:
-            raise ValueError(
+            raise BaracudaValueError(
                 f"baracuda::{op}: output_size {out} + kernel_size {k} - 1 > input {axis} {size} "
                 f"(need output_size + kernel_size - 1 <= input size)"
             )
@@ -107,20 +112,24 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
 
     @torch.library.register_fake(f"baracuda::{name}")
     def _fake(x, kernel_size, output_size, random_samples):
+        check_same_device(name, locals())
         shape = _output_shape(name, dims, x.shape, kernel_size, output_size)
         return x.new_empty(shape), x.new_empty(shape, dtype=torch.int64)
 
     @torch.library.register_fake(f"baracuda::{name}.out")
     def _out_fake(x, kernel_size, output_size, random_samples, *, output, indices):
+        check_same_device(name, locals())
         return None
 
     @torch.library.register_fake(f"baracuda::{bname}")
     def _backward_fake(grad_output, x, kernel_size, output_size, indices):
+        check_same_device(bname, locals())
         _output_shape(bname, dims, x.shape, kernel_size, output_size)
         return x.new_empty(x.shape)
 
     @torch.library.register_fake(f"baracuda::{bname}.out")
     def _backward_out_fake(grad_output, x, kernel_size, output_size, indices, *, grad_input, workspace):
+        check_same_device(bname, locals())
         return None
 
     def at_indices(t, indices):

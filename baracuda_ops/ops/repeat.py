@@ -15,6 +15,7 @@ import torch
 
 from .._autograd import register_autograd
 from .._vmap import arg_dims, per_sample, sample_meta
+from .._errors import BaracudaValueError, check_numel, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
 __all__ = [
@@ -30,42 +31,52 @@ __all__ = [
 
 def repeat(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     """Same result as ``x.repeat(*repeats)``; differentiable (twice)."""
-    return _Repeat(x, list(repeats))
+    try:
+        return _Repeat(x, list(repeats))
+    except (TypeError, RuntimeError) as e:
+        raise_typed_error("repeat", e, locals(), sequences=("repeats",))
 
 
 def _output_shape(op: str, input_shape: Sequence, repeats: Sequence) -> list:
     if len(repeats) < len(input_shape):
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: repeats {list(repeats)} has {len(repeats)} entries but the input has "
             f"{len(input_shape)} dims; expected at least {len(input_shape)}"
         )
     for r in repeats:
         if isinstance(r, int) and r < 0:
-            raise ValueError(f"baracuda::{op}: repeats must be >= 0, got {list(repeats)}")
+            raise BaracudaValueError(f"baracuda::{op}: repeats must be >= 0, got {list(repeats)}")
     padded = [1] * (len(repeats) - len(input_shape)) + list(input_shape)
-    return [s * r for s, r in zip(padded, repeats)]
+    check_numel(op, "input_shape", input_shape)
+    out = [s * r for s, r in zip(padded, repeats)]
+    check_numel(op, "the output shape", out)
+    return out
 
 
 @torch.library.register_fake("baracuda::repeat")
 def _repeat_fake(x, repeats):
+    check_same_device("repeat", locals())
     return x.new_empty(_output_shape("repeat", x.shape, repeats))
 
 
 @torch.library.register_fake("baracuda::repeat.out")
 def _repeat_out_fake(x, repeats, *, out):
+    check_same_device("repeat", locals())
     return None
 
 
 @torch.library.register_fake("baracuda::repeat_backward")
 def _repeat_backward_fake(grad, repeats, input_shape):
+    check_same_device("repeat_backward", locals())
     expected = _output_shape("repeat_backward", input_shape, repeats)
     if grad.dim() != len(expected):
-        raise ValueError(f"baracuda::repeat_backward: grad shape {list(grad.shape)} != expected {expected}")
+        raise BaracudaValueError(f"baracuda::repeat_backward: grad shape {list(grad.shape)} != expected {expected}")
     return grad.new_empty(list(input_shape))
 
 
 @torch.library.register_fake("baracuda::repeat_backward.out")
 def _repeat_backward_out_fake(grad, repeats, input_shape, *, grad_input, workspace):
+    check_same_device("repeat_backward", locals())
     return None
 
 

@@ -42,6 +42,7 @@ import torch
 
 from .._autograd import register_autograd, register_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
+from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 
 __all__ = [
@@ -68,7 +69,10 @@ def rms_norm(
     weight of another floating dtype than the op takes is converted first (see ``_kernel_weight``)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    return _RMSNorm(input, list(normalized_shape), _kernel_weight(input, weight), eps)[0]
+    try:
+        return _RMSNorm(input, list(normalized_shape), _kernel_weight(input, weight), eps)[0]
+    except (TypeError, RuntimeError, AttributeError) as e:
+        raise_typed_error("rms_norm", e, locals(), ("normalized_shape",), ("input", "weight"))
 
 
 def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
@@ -95,9 +99,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 def _check_dims(op: str, input_shape: Sequence, normalized_shape: Sequence) -> None:
     """What the fakes can check without guarding on symbolic sizes."""
     if len(normalized_shape) == 0:
-        raise ValueError(f"baracuda::{op}: normalized_shape must have at least 1 dim, got []")
+        raise BaracudaValueError(f"baracuda::{op}: normalized_shape must have at least 1 dim, got []")
     if len(normalized_shape) > len(input_shape):
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
             f"input shape {list(input_shape)}"
         )
@@ -109,6 +113,7 @@ def _rstd_shape(input_shape: Sequence, normalized_dims: int) -> list:
 
 @torch.library.register_fake("baracuda::rms_norm")
 def _rms_norm_fake(x, normalized_shape, weight=None, eps=None):
+    check_same_device("rms_norm", locals())
     _check_dims("rms_norm", x.shape, normalized_shape)
     rstd = x.new_empty(_rstd_shape(x.shape, len(normalized_shape)), dtype=_acc_dtype(x.dtype))
     return torch.empty_like(x, memory_format=torch.contiguous_format), rstd
@@ -116,11 +121,13 @@ def _rms_norm_fake(x, normalized_shape, weight=None, eps=None):
 
 @torch.library.register_fake("baracuda::rms_norm.out")
 def _rms_norm_out_fake(x, normalized_shape, weight=None, eps=None, *, output, rstd):
+    check_same_device("rms_norm", locals())
     return None
 
 
 @torch.library.register_fake("baracuda::rms_norm_backward")
 def _rms_norm_backward_fake(grad_out, x, normalized_shape, rstd, weight, output_mask):
+    check_same_device("rms_norm_backward", locals())
     _check_dims("rms_norm_backward", x.shape, normalized_shape)
     grad_input = torch.empty_like(x, memory_format=torch.contiguous_format) if output_mask[0] else None
     grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if (
@@ -131,6 +138,7 @@ def _rms_norm_backward_fake(grad_out, x, normalized_shape, rstd, weight, output_
 @torch.library.register_fake("baracuda::rms_norm_backward.out")
 def _rms_norm_backward_out_fake(grad_out, x, normalized_shape, rstd, weight, output_mask, *, grad_input,
                                 grad_weight, workspace):
+    check_same_device("rms_norm_backward", locals())
     return None
 
 
@@ -229,7 +237,7 @@ def _rows(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int]) 
     _check_dims(op, input_shape, normalized_shape)
     k = len(normalized_shape)
     if tuple(input_shape[len(input_shape) - k:]) != tuple(normalized_shape):
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
             f"input shape {list(input_shape)}"
         )
@@ -292,6 +300,9 @@ class RMSNormPlan(Plan):
         with plan_errors():
             m, n = _rows("rms_norm", desc.input_shape, desc.normalized_shape)
         _check_dtypes("rms_norm", desc.dtype, desc.resolved_weight_dtype)
+        if desc.eps is not None and not (isinstance(desc.eps, (int, float)) and math.isfinite(desc.eps)
+                                         and desc.eps >= 0):
+            raise InvalidProblemError(f"baracuda::rms_norm: eps must be None or a finite float >= 0, got {desc.eps!r}")
         return cls(desc, pref, [m, n])
 
     def can_implement(self, args: RMSNormArgs) -> None:

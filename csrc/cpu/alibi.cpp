@@ -73,7 +73,8 @@ void launch_alibi_rows(const at::Tensor& x, const at::Tensor& slopes, const at::
 void alibi_out_cpu(const at::Tensor& scores, const at::Tensor& slopes, const at::Tensor& out) {
   check_alibi_args(kAlibiOp, "scores", scores, slopes);
   check_out(kAlibiOp, "out", out, scores.sizes(), scores.scalar_type(), scores.device());
-  TORCH_CHECK_VALUE(out.is_contiguous(), kAlibiOp, ": out must be contiguous");
+  BARACUDA_CHECK_VALUE(out.is_contiguous(), kAlibiOp, ": out must be contiguous");
+  check_alibi_out_overlap(scores, slopes, out);
   if (out.numel() == 0) return;
   launch_alibi_rows(scores.contiguous(), slopes, out);
 }
@@ -88,6 +89,7 @@ at::Tensor alibi_cpu(const at::Tensor& scores, const at::Tensor& slopes) {
 // In place on a contiguous tensor; any other layout goes through a contiguous result.
 void alibi_inplace_cpu(const at::Tensor& scores, const at::Tensor& slopes) {
   check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
+  check_no_overlap(kAlibiInplaceOp, {{"scores", scores}}, {{"slopes", slopes}});
   if (scores.numel() == 0) return;
   if (scores.is_contiguous()) {
     launch_alibi_rows(scores, slopes, scores);
@@ -170,12 +172,13 @@ void alibi_backward_out_cpu(const at::Tensor& grad, const at::Tensor& slopes, st
                             const at::Tensor& workspace) {
   check_alibi_args(kAlibiBackwardOp, "grad", grad, slopes);
   (void)workspace;  // the CPU kernel needs no caller scratch
+  check_alibi_backward_overlap(grad, slopes, output_mask, grad_scores, grad_slopes, at::Tensor());
   if (output_mask[0]) {
     check_out(kAlibiBackwardOp, "grad_scores", grad_scores, grad.sizes(), grad.scalar_type(), grad.device());
   }
   if (output_mask[1]) {
     check_out(kAlibiBackwardOp, "grad_slopes", grad_slopes, slopes.sizes(), slopes.scalar_type(), slopes.device());
-    TORCH_CHECK_VALUE(grad_slopes.is_contiguous(), kAlibiBackwardOp, ": grad_slopes must be contiguous");
+    BARACUDA_CHECK_VALUE(grad_slopes.is_contiguous(), kAlibiBackwardOp, ": grad_slopes must be contiguous");
   }
   if (output_mask[0]) grad_scores.copy_(grad);
   if (!output_mask[1] || grad_slopes.numel() == 0) return;

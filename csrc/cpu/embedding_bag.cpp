@@ -25,7 +25,7 @@ template <typename index_t>
 void check_index_values(const char* op, const index_t* idx, int64_t n, int64_t num_weights) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = static_cast<int64_t>(idx[i]);
-    TORCH_CHECK_INDEX(v >= 0 && v < num_weights, op, ": indices[", i, "] = ", v, " is out of range for ",
+    BARACUDA_CHECK_INDEX(v >= 0 && v < num_weights, op, ": indices[", i, "] = ", v, " is out of range for ",
                       num_weights, " embeddings (expected 0 <= index < ", num_weights, ")");
   }
 }
@@ -36,19 +36,19 @@ void check_offset_values(const index_t* off, int64_t num_offsets, int64_t num_in
   for (int64_t b = 0; b < num_offsets; ++b) {
     const int64_t o = static_cast<int64_t>(off[b]);
     if (b == 0) {
-      TORCH_CHECK_VALUE(o == 0, op, ": offsets[0] must be 0, got ", o);
+      BARACUDA_CHECK_VALUE(o == 0, op, ": offsets[0] must be 0, got ", o);
     } else {
-      TORCH_CHECK_VALUE(o >= static_cast<int64_t>(off[b - 1]), op, ": offsets must be non-decreasing, got offsets[",
+      BARACUDA_CHECK_VALUE(o >= static_cast<int64_t>(off[b - 1]), op, ": offsets must be non-decreasing, got offsets[",
                         b, "] = ", o, " after offsets[", b - 1, "] = ", static_cast<int64_t>(off[b - 1]));
     }
-    TORCH_CHECK_VALUE(o <= num_indices, op, ": offsets[", b, "] = ", o, " is past the end of indices (", num_indices,
+    BARACUDA_CHECK_VALUE(o <= num_indices, op, ": offsets[", b, "] = ", o, " is past the end of indices (", num_indices,
                       " indices)");
   }
 }
 
 void check_bag_values(const char* op, const int64_t* offset2bag, int64_t n, int64_t num_bags) {
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(offset2bag[i] >= -1 && offset2bag[i] < num_bags, op, ": offset2bag[", i, "] = ", offset2bag[i],
+    BARACUDA_CHECK_VALUE(offset2bag[i] >= -1 && offset2bag[i] < num_bags, op, ": offset2bag[", i, "] = ", offset2bag[i],
                       " is not a bag (expected -1 <= bag < ", num_bags, ")");
   }
 }
@@ -210,6 +210,8 @@ void embedding_bag_out_cpu(const at::Tensor& weight, const at::Tensor& indices_i
   const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
                                      padding_idx);
   check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
+  check_embedding_bag_no_overlap(weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size,
+                                 max_positions);
   at::Tensor indices = indices_in.contiguous();
   c10::optional<at::Tensor> offsets = offsets_in;
   promote_indices_and_offsets(indices, offsets);
@@ -255,8 +257,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cpu(
 // row ends and N positions, int64), then each row is summed by one thread, in
 // a loop compiled for the CPU's widest vector ISA (cpu::run_vectorized).
 
-int64_t backward_workspace_bytes(int64_t num_weights, int64_t num_indices) {
-  return (num_weights + 1 + num_indices) * static_cast<int64_t>(sizeof(int64_t));
+// 0 when grad_weight is empty (nothing to write).
+int64_t backward_workspace_bytes(int64_t num_weights, int64_t dim, int64_t num_indices) {
+  if (num_weights == 0 || dim == 0) return 0;
+  const char* op = kEmbeddingBagBackwardOp;
+  const int64_t words = checked_add(op, "the workspace size", checked_add(op, "the workspace size", num_weights, 1),
+                                    num_indices);
+  return checked_mul(op, "the workspace size in bytes", words, static_cast<int64_t>(sizeof(int64_t)));
 }
 
 template <typename scalar_t, typename acc_t, typename index_t>
@@ -314,9 +321,13 @@ void embedding_bag_backward_out_cpu(const at::Tensor& grad, const at::Tensor& in
                                per_sample_weights, padding_idx);
   const int64_t D = grad.size(1), N = indices_in.numel(), B = grad.size(0);
   check_out(op, "grad_weight", grad_weight, {num_weights, D}, grad.scalar_type(), grad.device());
-  TORCH_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
-  const int64_t need = backward_workspace_bytes(num_weights, N);
-  check_workspace(op, workspace, need, alignof(int64_t), grad.device());
+  BARACUDA_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
+  const int64_t need = backward_workspace_bytes(num_weights, D, N);
+  check_embedding_bag_backward_overlap(grad, indices_in, offset2bag_in, bag_size_in, max_positions_in,
+                                       per_sample_weights, grad_weight);
+  check_workspace(op, workspace, need, alignof(int64_t), grad.device(),
+                  {{"grad", grad}, {"indices", indices_in}, {"offset2bag", offset2bag_in}, {"grad_weight", grad_weight}});
+  if (grad_weight.numel() == 0) return;
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
   const auto bag_size = bag_size_in.contiguous();
@@ -327,7 +338,7 @@ void embedding_bag_backward_out_cpu(const at::Tensor& grad, const at::Tensor& in
   if (mode == kModeMax) {
     const int64_t* mp = max_positions.const_data_ptr<int64_t>();
     for (int64_t k = 0; k < B * D; ++k) {
-      TORCH_CHECK_VALUE(mp[k] >= -1 && mp[k] < N, op, ": max_positions has ", mp[k],
+      BARACUDA_CHECK_VALUE(mp[k] >= -1 && mp[k] < N, op, ": max_positions has ", mp[k],
                         ", expected -1 <= position < ", N);
     }
   }
@@ -350,9 +361,9 @@ at::Tensor embedding_bag_backward_cpu(const at::Tensor& grad, const at::Tensor& 
                                       const c10::optional<at::Tensor>& per_sample_weights, int64_t padding_idx) {
   check_embedding_bag_backward(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
                                per_sample_weights, padding_idx);
-  auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
   const auto workspace =
-      at::empty({backward_workspace_bytes(num_weights, indices.numel())}, grad.options().dtype(at::kByte));
+      at::empty({backward_workspace_bytes(num_weights, grad.size(1), indices.numel())}, grad.options().dtype(at::kByte));
+  auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
   embedding_bag_backward_out_cpu(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
                                  per_sample_weights, padding_idx, grad_weight, workspace);
   return grad_weight;
@@ -388,7 +399,9 @@ void per_sample_weights_backward_out_cpu(const at::Tensor& grad, const at::Tenso
   check_per_sample_weights_backward(grad, weight, indices_in, offset2bag_in, mode, padding_idx);
   check_out(op, "grad_per_sample_weights", grad_per_sample_weights, indices_in.sizes(), weight.scalar_type(),
             weight.device());
-  TORCH_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
+  BARACUDA_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
+  check_no_overlap(op, {{"grad_per_sample_weights", grad_per_sample_weights}},
+                   {{"grad", grad}, {"weight", weight}, {"indices", indices_in}, {"offset2bag", offset2bag_in}});
   const int64_t N = indices_in.numel();
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
@@ -421,8 +434,8 @@ std::string with_isa(const char* name) { return std::string(name) + "<" + cpu::v
 
 KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {with_isa("cpu_bag_loop"), 0}; }
 KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
-  TORCH_CHECK_VALUE(problem.size() == 6, kEmbeddingBagBackwardOp, ": malformed problem ", shape_str(problem));
-  return {with_isa("cpu_counting_sort_rows"), backward_workspace_bytes(problem[0], problem[2])};
+  BARACUDA_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0, kEmbeddingBagBackwardOp, ": malformed problem ", shape_str(problem));
+  return {with_isa("cpu_counting_sort_rows"), backward_workspace_bytes(problem[0], problem[1], problem[2])};
 }
 KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef, c10::ScalarType) {
   return {"cpu_position_dot", 0};

@@ -82,7 +82,7 @@ void fmp_backward_planes(const FmpGeometry& g, const scalar_t* dy, const int64_t
         const int64_t* ip = idx + p * out_plane;
         for (int64_t o = 0; o < out_plane; ++o) {
           const int64_t i = ip[o];
-          TORCH_CHECK_INDEX(i >= 0 && i < in_plane, fmp_op_name(g.dims, true), ": indices value ", i,
+          BARACUDA_CHECK_INDEX(i >= 0 && i < in_plane, fmp_op_name(g.dims, true), ": indices value ", i,
                             " is out of range for an input plane of ", in_plane, " elements");
           acc[i] += static_cast<acc_t>(dyp[o]);
         }
@@ -98,6 +98,8 @@ void fmp_out_cpu(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArr
                  const at::Tensor& random_samples, const at::Tensor& output, const at::Tensor& indices) {
   const auto g = check_fmp_forward(Dims, self, kernel_size, output_size, random_samples);
   check_fmp_forward_outs(Dims, self, output_size, output, indices);
+  check_no_overlap(fmp_op_name(Dims, false), {{"output", output}, {"indices", indices}},
+                   {{"self", self}, {"random_samples", random_samples}});
   if (output.numel() == 0) return;
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
@@ -124,6 +126,8 @@ void fmp_backward_out_cpu(const at::Tensor& grad_output, const at::Tensor& self,
                           const at::Tensor& workspace) {
   const auto g = check_fmp_backward(Dims, grad_output, self, kernel_size, output_size, indices);
   check_fmp_grad_input(Dims, self, grad_input);
+  check_no_overlap(fmp_op_name(Dims, true), {{"grad_input", grad_input}},
+                   {{"grad_output", grad_output}, {"self", self}, {"indices", indices}});
   (void)workspace;  // the CPU kernel needs no caller scratch
   if (grad_input.numel() == 0) return;
   const auto dy = grad_output.contiguous();
@@ -146,11 +150,11 @@ at::Tensor fmp_backward_cpu(const at::Tensor& grad_output, const at::Tensor& sel
 
 // problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
 KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType) {
-  fmp_geometry_of_problem("baracuda::fractional_max_pool", problem);
+  fmp_geometry_of_problem(false, problem);
   return {"cpu_plane_window_max", 0};
 }
 KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
-  fmp_geometry_of_problem("baracuda::fractional_max_pool_backward", problem);
+  fmp_geometry_of_problem(true, problem);
   return {"cpu_plane_ordered_scatter", 0};
 }
 

@@ -109,7 +109,8 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
 void repeat_out_cpu(const at::Tensor& self, at::IntArrayRef repeats, const at::Tensor& out) {
   const auto shape = repeat_output_shape(kRepeatOp, self.sizes(), repeats);
   check_out(kRepeatOp, "out", out, shape, self.scalar_type(), self.device());
-  TORCH_CHECK_VALUE(out.is_contiguous(), kRepeatOp, ": out must be contiguous");
+  BARACUDA_CHECK_VALUE(out.is_contiguous(), kRepeatOp, ": out must be contiguous");
+  check_no_overlap(kRepeatOp, {{"out", out}}, {{"self", self}});
   if (out.numel() == 0) return;
   repeat_copy(self.contiguous(), collapse_tiling(kRepeatOp, self.sizes(), repeats), out);
 }
@@ -124,7 +125,8 @@ void repeat_backward_out_cpu(const at::Tensor& grad, at::IntArrayRef repeats, at
                              const at::Tensor& grad_input, const at::Tensor& workspace) {
   check_repeat_backward(grad, repeats, input_shape);
   check_out(kRepeatBackwardOp, "grad_input", grad_input, input_shape, grad.scalar_type(), grad.device());
-  TORCH_CHECK_VALUE(grad_input.is_contiguous(), kRepeatBackwardOp, ": grad_input must be contiguous");
+  BARACUDA_CHECK_VALUE(grad_input.is_contiguous(), kRepeatBackwardOp, ": grad_input must be contiguous");
+  check_no_overlap(kRepeatBackwardOp, {{"grad_input", grad_input}}, {{"grad", grad}});
   (void)workspace;  // the CPU kernel needs no scratch
   if (grad_input.numel() == 0) return;
   if (grad.numel() == 0) {

@@ -110,7 +110,7 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
 }
 
 void check_contiguous_out(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  BARACUDA_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
 void rms_norm_out_cpu(const at::Tensor& input, at::IntArrayRef normalized_shape,
@@ -122,6 +122,7 @@ void rms_norm_out_cpu(const at::Tensor& input, at::IntArrayRef normalized_shape,
             rms_acc_dtype(input.scalar_type()), input.device());
   check_contiguous_out(kRmsNormOp, "output", output);
   check_contiguous_out(kRmsNormOp, "rstd", rstd);
+  check_rms_norm_out_overlap(input, weight, output, rstd);
   if (rows.M == 0) return;
   const auto x = input.contiguous();
   const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
@@ -162,6 +163,8 @@ void rms_norm_backward_out_cpu(const at::Tensor& grad_out, const at::Tensor& inp
     check_out(op, "grad_weight", grad_weight, normalized_shape, weight->scalar_type(), input.device());
     check_contiguous_out(op, "grad_weight", grad_weight);
   }
+  check_rms_norm_backward_overlap(grad_out, input, rstd, weight, if_used(want_dx, grad_input),
+                                  if_used(want_dw, grad_weight), at::Tensor());
   (void)workspace;  // the CPU kernel keeps its few partial rows itself
   if (rows.N == 0 || (!want_dx && !want_dw)) return;
   if (rows.M == 0) {

@@ -142,7 +142,7 @@ template <typename T, typename S, typename AccT, int V, typename IndexT>
 void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s, int vectors_per_thread) {
   const IndexT num_vectors = static_cast<IndexT>(s.numel() / V);
   const int64_t blocks = ceil_div<int64_t>(num_vectors, kThreads * vectors_per_thread);
-  TORCH_CHECK_NOT_IMPLEMENTED(blocks <= std::numeric_limits<int32_t>::max(), kAlibiOp, ": ", s.numel(),
+  BARACUDA_CHECK_NOT_IMPLEMENTED(blocks <= std::numeric_limits<int32_t>::max(), kAlibiOp, ": ", s.numel(),
                               " elements need more than 2^31 - 1 blocks");
   auto* kernel = vectors_per_thread == 4 ? alibi_forward_kernel<T, S, AccT, V, IndexT, 4>
                                          : alibi_forward_kernel<T, S, AccT, V, IndexT, 1>;
@@ -178,8 +178,9 @@ void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at:
 void alibi_out_cuda(const at::Tensor& scores, const at::Tensor& slopes, const at::Tensor& out) {
   check_alibi_args(kAlibiOp, "scores", scores, slopes);
   check_out(kAlibiOp, "out", out, scores.sizes(), scores.scalar_type(), scores.device());
-  TORCH_CHECK_VALUE(out.numel() == 0 || cuda::is_aligned_contiguous(out), kAlibiOp,
+  BARACUDA_CHECK_VALUE(out.numel() == 0 || cuda::is_aligned_contiguous(out), kAlibiOp,
                     ": out must be contiguous and 16-byte aligned on CUDA");
+  check_alibi_out_overlap(scores, slopes, out);
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(scores.device());
   alibi_forward_cuda(cuda::aligned_contiguous(scores), slopes.contiguous(), out);
@@ -312,8 +313,9 @@ void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, s
   }
   if (output_mask[1]) {
     check_out(kAlibiBackwardOp, "grad_slopes", grad_slopes, slopes.sizes(), slopes.scalar_type(), slopes.device());
-    TORCH_CHECK_VALUE(grad_slopes.is_contiguous(), kAlibiBackwardOp, ": grad_slopes must be contiguous");
+    BARACUDA_CHECK_VALUE(grad_slopes.is_contiguous(), kAlibiBackwardOp, ": grad_slopes must be contiguous");
   }
+  check_alibi_backward_overlap(grad, slopes, output_mask, grad_scores, grad_slopes, at::Tensor());
   const c10::cuda::CUDAGuard guard(grad.device());
   if (output_mask[0]) grad_scores.copy_(grad);
   if (!output_mask[1] || grad_slopes.numel() == 0) return;
@@ -324,7 +326,9 @@ void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, s
   const auto s = alibi_shape(grad);
   const auto c = choose_alibi_backward(s, grad.element_size());
   const int64_t need = alibi_backward_workspace_bytes(s, c, grad.scalar_type());
-  check_workspace(kAlibiBackwardOp, workspace, need, 16, grad.device());
+  check_workspace(kAlibiBackwardOp, workspace, need, 16, grad.device(),
+                  {{"grad", grad}, {"slopes", slopes}, {"grad_scores", if_used(output_mask[0], grad_scores)},
+                   {"grad_slopes", grad_slopes}});
   const auto g = cuda::aligned_contiguous(grad);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "alibi_backward_cuda", [&] {
     with_slope_type<scalar_t>(slopes, [&](auto* tag) {

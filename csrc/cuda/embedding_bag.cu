@@ -145,10 +145,16 @@ struct BackwardLayout {
 
 BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t num_bags, int64_t dim,
                                int64_t mode, int64_t acc_bytes) {
-  TORCH_CHECK_NOT_IMPLEMENTED(num_weights < kU32Limit && num_indices < kU32Limit && num_bags < kU32Limit,
+  BARACUDA_CHECK_NOT_IMPLEMENTED(num_weights < kU32Limit && num_indices < kU32Limit && num_bags < kU32Limit,
                               kEmbeddingBagBackwardOp, ": the CUDA kernel needs num_weights, the number of "
                               "indices and the number of bags below 2^32 - 1, got ", num_weights, ", ", num_indices,
                               " and ", num_bags);
+  // Every region below is at most (N + kChunk) * (D + 32) * 64 bytes, plus
+  // 5 bytes per row and CUB's temporary storage (< 2^36 bytes with N < 2^32).
+  checked_add(kEmbeddingBagBackwardOp, "the workspace size",
+              checked_mul(kEmbeddingBagBackwardOp, "the workspace size", num_indices + kChunk,
+                          checked_mul(kEmbeddingBagBackwardOp, "the workspace size", dim + 32, 64)),
+              int64_t(1) << 37);
   BackwardLayout l;
   l.mask_words = mode == kModeMax ? ceil_div<int64_t>(dim, 32) : 0;
   l.end_bit = sort_key_bits(num_weights);
@@ -311,6 +317,8 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
                                      padding_idx);
   check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
   cuda::check_out_aligned(kEmbeddingBagOp, "output", output);
+  check_embedding_bag_no_overlap(weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size,
+                                 max_positions);
   const c10::cuda::CUDAGuard guard(weight.device());
   if (g.num_bags == 0) {
     if (offset2bag.numel() > 0) offset2bag.fill_(-1);
@@ -804,6 +812,8 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   const int64_t B = grad_in.size(0), D = grad_in.size(1), N = indices_in.numel();
   check_out(op, "grad_weight", grad_weight, {num_weights, D}, grad_in.scalar_type(), grad_in.device());
   cuda::check_out_aligned(op, "grad_weight", grad_weight);
+  check_embedding_bag_backward_overlap(grad_in, indices_in, offset2bag_in, bag_size_in, max_positions_in,
+                                       per_sample_weights, grad_weight);
   if (grad_weight.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
   if (backward_is_trivial(num_weights, D, N, B)) {
@@ -811,7 +821,10 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     return;
   }
   const auto l = backward_layout(num_weights, N, B, D, mode, acc_bytes_of(grad_in.scalar_type()));
-  check_workspace(op, workspace, l.total, 256, grad_in.device());
+  check_workspace(op, workspace, l.total, 256, grad_in.device(),
+                  {{"grad", grad_in}, {"indices", indices_in}, {"offset2bag", offset2bag_in}, {"bag_size", bag_size_in},
+                   {"max_positions", max_positions_in}, {"per_sample_weights", if_present(per_sample_weights)},
+                   {"grad_weight", grad_weight}});
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
   const auto bag_size = bag_size_in.contiguous();
@@ -910,7 +923,6 @@ at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor&
                                        const c10::optional<at::Tensor>& per_sample_weights, int64_t padding_idx) {
   check_embedding_bag_backward(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
                                per_sample_weights, padding_idx);
-  auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
   int64_t need = 0;
   {
     const c10::cuda::CUDAGuard guard(grad.device());
@@ -918,6 +930,7 @@ at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor&
                                     grad.scalar_type());
   }
   const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
+  auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
   embedding_bag_backward_out_cuda(grad, indices, offset2bag, bag_size, max_positions, num_weights, mode,
                                   per_sample_weights, padding_idx, grad_weight, workspace);
   return grad_weight;
@@ -962,7 +975,9 @@ void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::T
   check_per_sample_weights_backward(grad_in, weight_in, indices_in, offset2bag_in, mode, padding_idx);
   check_out(op, "grad_per_sample_weights", grad_per_sample_weights, indices_in.sizes(), weight_in.scalar_type(),
             weight_in.device());
-  TORCH_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
+  BARACUDA_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
+  check_no_overlap(op, {{"grad_per_sample_weights", grad_per_sample_weights}},
+                   {{"grad", grad_in}, {"weight", weight_in}, {"indices", indices_in}, {"offset2bag", offset2bag_in}});
   const int64_t N = indices_in.numel();
   if (N == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
@@ -999,7 +1014,7 @@ at::Tensor per_sample_weights_backward_cuda(const at::Tensor& grad, const at::Te
 
 // problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
 void check_problem(const char* op, c10::IntArrayRef problem) {
-  TORCH_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0 && problem[3] >= 0,
+  BARACUDA_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0 && problem[3] >= 0,
                     op, ": malformed problem ", shape_str(problem));
 }
 

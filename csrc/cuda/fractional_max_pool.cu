@@ -666,6 +666,8 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
                   const at::Tensor& random_samples, const at::Tensor& output, const at::Tensor& indices) {
   const auto g = check_fmp_forward(Dims, self, kernel_size, output_size, random_samples);
   check_fmp_forward_outs(Dims, self, output_size, output, indices);
+  check_no_overlap(fmp_op_name(Dims, false), {{"output", output}, {"indices", indices}},
+                   {{"self", self}, {"random_samples", random_samples}});
   if (output.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
   const auto c = choose_fmp(g, self.scalar_type());
@@ -1497,7 +1499,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
     const int smem = static_cast<int>(c.smem_bytes);
     const int64_t block_smem =  // + the static shared memory
         smem + 8 + kLaterCap * int64_t(4 + sizeof(acc_t));
-    TORCH_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
+    BARACUDA_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                                 fmp_op_name(g.dims, true), ": needs ", block_smem,
                                 " bytes of shared memory per block, the device allows ",
                                 cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
@@ -1525,6 +1527,7 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
   const char* op = fmp_op_name(Dims, true);
   const auto g = check_fmp_backward(Dims, grad_output, self, kernel_size, output_size, indices);
   check_fmp_grad_input(Dims, self, grad_input);
+  check_no_overlap(op, {{"grad_input", grad_input}}, {{"grad_output", grad_output}, {"self", self}, {"indices", indices}});
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
   if (g.out_plane() == 0) {
@@ -1533,7 +1536,8 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
   }
   const auto c = choose_fmp_backward(g, self.scalar_type());
   const int64_t need = fmp_backward_workspace_bytes(g, c);
-  check_workspace(op, workspace, need, 4, self.device());
+  check_workspace(op, workspace, need, 4, self.device(),
+                  {{"grad_output", grad_output}, {"self", self}, {"indices", indices}, {"grad_input", grad_input}});
   const auto dy = grad_output.contiguous();
   const auto idx = indices.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_backward_cuda", [&] {
@@ -1556,12 +1560,12 @@ at::Tensor fmp_backward_cuda(const at::Tensor& grad_output, const at::Tensor& se
 
 // problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
 KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto g = fmp_geometry_of_problem("baracuda::fractional_max_pool", problem);
+  const auto g = fmp_geometry_of_problem(false, problem);
   return {fmp_variant(choose_fmp(g, dtype), g.dims), 0};
 }
 
 KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto g = fmp_geometry_of_problem("baracuda::fractional_max_pool_backward", problem);
+  const auto g = fmp_geometry_of_problem(true, problem);
   const auto c = choose_fmp_backward(g, dtype);
   return {fmp_backward_variant(c), fmp_backward_workspace_bytes(g, c)};
 }

@@ -339,7 +339,7 @@ void launch_repeat_words(const at::Tensor& x, const at::Tensor& out, const Tiled
     case 4: return launch_repeat<uint32_t, IndexT>(x, out, t, c);
     case 8: return launch_repeat<uint64_t, IndexT>(x, out, t, c);
     case 16: return launch_repeat<uint4, IndexT>(x, out, t, c);
-    default: TORCH_CHECK_NOT_IMPLEMENTED(false, kRepeatOp, ": element size ", x.element_size(), " is not supported");
+    default: BARACUDA_CHECK_NOT_IMPLEMENTED(false, kRepeatOp, ": element size ", x.element_size(), " is not supported");
   }
 }
 
@@ -347,6 +347,7 @@ void repeat_out_cuda(const at::Tensor& self, at::IntArrayRef repeats, const at::
   const auto shape = repeat_output_shape(kRepeatOp, self.sizes(), repeats);
   check_out(kRepeatOp, "out", out, shape, self.scalar_type(), self.device());
   cuda::check_out_aligned(kRepeatOp, "out", out);
+  check_no_overlap(kRepeatOp, {{"out", out}}, {{"self", self}});
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
   const auto t = collapse_tiling(kRepeatOp, self.sizes(), repeats);
@@ -554,6 +555,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
   check_repeat_backward(grad, repeats, input_shape);
   check_out(kRepeatBackwardOp, "grad_input", grad_input, input_shape, grad.scalar_type(), grad.device());
   cuda::check_out_aligned(kRepeatBackwardOp, "grad_input", grad_input);
+  check_no_overlap(kRepeatBackwardOp, {{"grad_input", grad_input}}, {{"grad", grad}});
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
   if (grad.numel() == 0) {
@@ -563,7 +565,8 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
   const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
   const auto c = choose_repeat_backward(t, grad.element_size());
   const int64_t need = repeat_backward_workspace_bytes(t, c, grad.scalar_type());
-  check_workspace(kRepeatBackwardOp, workspace, need, 16, grad.device());
+  check_workspace(kRepeatBackwardOp, workspace, need, 16, grad.device(),
+                  {{"grad", grad}, {"grad_input", grad_input}});
   const auto g = cuda::aligned_contiguous(grad);
   BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "repeat_backward_cuda", [&] {
     c.index32 ? launch_repeat_tile_sum_vectors<scalar_t, acc_t, uint32_t>(g, grad_input, workspace, t, c)
@@ -585,7 +588,7 @@ at::Tensor repeat_backward_cuda(const at::Tensor& grad, at::IntArrayRef repeats,
 
 // problem = [input dims, *input_shape, *repeats]
 TiledLayout layout_of_problem(const char* op, c10::IntArrayRef problem) {
-  TORCH_CHECK_VALUE(!problem.empty() && problem[0] >= 0 && int64_t(problem.size()) >= 1 + problem[0], op,
+  BARACUDA_CHECK_VALUE(!problem.empty() && problem[0] >= 0 && int64_t(problem.size()) >= 1 + problem[0], op,
                     ": malformed problem ", shape_str(problem));
   const auto input_shape = problem.slice(1, problem[0]);
   const auto repeats = problem.slice(1 + problem[0]);

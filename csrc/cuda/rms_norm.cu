@@ -1410,7 +1410,8 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
   check_out(kRmsNormOp, "rstd", rstd, rms_rstd_shape(input.sizes(), normalized_shape.size()),
             rms_acc_dtype(input.scalar_type()), input.device());
   cuda::check_out_aligned(kRmsNormOp, "output", output);
-  TORCH_CHECK_VALUE(rstd.is_contiguous(), kRmsNormOp, ": rstd must be contiguous");
+  BARACUDA_CHECK_VALUE(rstd.is_contiguous(), kRmsNormOp, ": rstd must be contiguous");
+  check_rms_norm_out_overlap(input, weight, output, rstd);
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
   if (rows.N == 0) {  // the mean of no elements is NaN, as in PyTorch
@@ -1480,8 +1481,10 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
   }
   if (want_dw) {
     check_out(op, "grad_weight", grad_weight, normalized_shape, weight->scalar_type(), input.device());
-    TORCH_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
+    BARACUDA_CHECK_VALUE(grad_weight.is_contiguous(), op, ": grad_weight must be contiguous");
   }
+  check_rms_norm_backward_overlap(grad_out, input, rstd, weight, if_used(want_dx, grad_input),
+                                  if_used(want_dw, grad_weight), at::Tensor());
   if (rows.N == 0 || (!want_dx && !want_dw)) return;
   const c10::cuda::CUDAGuard guard(input.device());
   if (rows.M == 0) {
@@ -1493,7 +1496,11 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
   at::Tensor ws;
   if (want_dw) {
     const int64_t need = dw_workspace_bytes(c, rows.N, acc_bytes);
-    if (workspace.has_value()) check_workspace(op, *workspace, need, 16, input.device());
+    if (workspace.has_value()) {
+      check_workspace(op, *workspace, need, 16, input.device(),
+                      {{"grad_out", grad_out}, {"input", input}, {"rstd", rstd}, {"weight", *weight},
+                       {"grad_input", if_used(want_dx, grad_input)}, {"grad_weight", grad_weight}});
+    }
     ws = workspace.has_value() ? *workspace : at::empty({need}, input.options().dtype(at::kByte));
   }
   const auto dy = cuda::aligned_contiguous(grad_out);
@@ -1581,14 +1588,14 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
 
 // problem = [M, N] (forward), [M, N, grad_weight's element size or 0: no dW] (backward)
 KernelChoice rms_norm_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  TORCH_CHECK_VALUE(problem.size() == 2 && problem[0] >= 0 && problem[1] >= 0, kRmsNormOp, ": malformed problem ",
+  BARACUDA_CHECK_VALUE(problem.size() == 2 && problem[0] >= 0 && problem[1] >= 0, kRmsNormOp, ": malformed problem ",
                     problem);
   const auto c = choose_rms(problem[0], problem[1], dtype, false, 0);
   return {rms_variant(c, c10::elementSize(dtype), false, false), 0};
 }
 
 KernelChoice rms_norm_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  TORCH_CHECK_VALUE(problem.size() == 3 && problem[0] >= 0 && problem[1] >= 0, kRmsNormBackwardOp,
+  BARACUDA_CHECK_VALUE(problem.size() == 3 && problem[0] >= 0 && problem[1] >= 0, kRmsNormBackwardOp,
                     ": malformed problem ", problem);
   const bool dw = problem[2] != 0;  // grad_weight's element size, 0: no dW
   const int64_t acc_bytes = acc_bytes_of(dtype);

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <cstdint>
 
 #include "baracuda/checks.h"
@@ -27,16 +28,33 @@ constexpr const char* kAlibiBackwardOp = "baracuda::alibi_backward";
 // `scores_name` is "scores" for the forward ops and "grad" for the backward.
 inline void check_alibi_args(const char* op, const char* scores_name, const at::Tensor& scores,
                              const at::Tensor& slopes) {
-  TORCH_CHECK_VALUE(scores.dim() == 4, op, ": ", scores_name, " must be 4-D [B, H, Q, K], got shape ",
+  BARACUDA_CHECK_VALUE(scores.dim() == 4, op, ": ", scores_name, " must be 4-D [B, H, Q, K], got shape ",
                     shape_str(scores.sizes()));
   check_floating(op, scores_name, scores);
-  TORCH_CHECK_TYPE(slopes.scalar_type() == at::kFloat || slopes.scalar_type() == scores.scalar_type(), op,
+  BARACUDA_CHECK_TYPE(slopes.scalar_type() == at::kFloat || slopes.scalar_type() == scores.scalar_type(), op,
                    ": slopes dtype ", slopes.scalar_type(), " must be Float or the ", scores_name, " dtype ",
                    scores.scalar_type());
   check_same_device(op, scores_name, scores, "slopes", slopes);
-  TORCH_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == scores.size(1), op, ": slopes shape ",
+  BARACUDA_CHECK_VALUE(slopes.dim() == 1 && slopes.size(0) == scores.size(1), op, ": slopes shape ",
                     shape_str(slopes.sizes()), " != expected [", scores.size(1), "] (one slope per head of ",
                     scores_name, " ", shape_str(scores.sizes()), ")");
+}
+
+// out may be scores itself (y[e] = x[e] + bias, each element read before it is
+// written); any other overlap is an error.
+inline void check_alibi_out_overlap(const at::Tensor& scores, const at::Tensor& slopes, const at::Tensor& out) {
+  check_no_overlap(kAlibiOp, {{"out", out}}, {{"scores", scores}, {"slopes", slopes}}, "scores");
+}
+
+// grad_scores may be grad itself (the identity: each element is rewritten
+// with its own value).
+inline void check_alibi_backward_overlap(const at::Tensor& grad, const at::Tensor& slopes,
+                                         std::array<bool, 2> output_mask, const at::Tensor& grad_scores,
+                                         const at::Tensor& grad_slopes, const at::Tensor& workspace) {
+  check_no_overlap(kAlibiBackwardOp,
+                   {{"grad_scores", if_used(output_mask[0], grad_scores)},
+                    {"grad_slopes", if_used(output_mask[1], grad_slopes)}, {"workspace", workspace}},
+                   {{"grad", grad}, {"slopes", slopes}}, "grad");
 }
 
 // The flat geometry of the (contiguous) problem.
@@ -53,8 +71,8 @@ inline AlibiShape alibi_shape(const at::Tensor& scores) {
 
 // problem = [B, H, Q, K] (the Plan API's encoding).
 inline AlibiShape alibi_shape_of_problem(const char* op, c10::IntArrayRef problem) {
-  TORCH_CHECK_VALUE(problem.size() == 4, op, ": problem must be [B, H, Q, K], got ", shape_str(problem));
-  for (const int64_t s : problem) TORCH_CHECK_VALUE(s >= 0, op, ": problem sizes must be >= 0, got ", shape_str(problem));
+  BARACUDA_CHECK_VALUE(problem.size() == 4, op, ": problem must be [B, H, Q, K], got ", shape_str(problem));
+  checked_numel(op, "problem", problem);
   return {problem[0], problem[1], problem[2], problem[3]};
 }
 

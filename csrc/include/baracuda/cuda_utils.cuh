@@ -12,6 +12,8 @@
 #include <c10/util/Half.h>
 #include <cuda_runtime.h>
 
+#include "baracuda/errors.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -158,7 +160,7 @@ inline at::Tensor aligned_contiguous(const at::Tensor& t) {
 // Outputs written by 16-byte stores must be contiguous and aligned (fresh
 // allocations always are; a caller's out-variant buffer may not be).
 inline void check_out_aligned(const char* op, const char* name, const at::Tensor& out) {
-  TORCH_CHECK_VALUE(out.numel() == 0 || is_aligned_contiguous(out), op, ": ", name,
+  BARACUDA_CHECK_VALUE(out.numel() == 0 || is_aligned_contiguous(out), op, ": ", name,
                     " must be contiguous and 16-byte aligned on CUDA");
 }
 

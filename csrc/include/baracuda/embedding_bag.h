@@ -40,22 +40,22 @@ inline const char* mode_name(int64_t mode) {
 }
 
 inline void check_mode(const char* op, int64_t mode) {
-  TORCH_CHECK_VALUE(mode == kModeSum || mode == kModeMean || mode == kModeMax, op,
+  BARACUDA_CHECK_VALUE(mode == kModeSum || mode == kModeMean || mode == kModeMax, op,
                     ": mode must be 0 (sum), 1 (mean) or 2 (max), got ", mode);
 }
 
 inline void check_index_dtype(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
+  BARACUDA_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
                    " must be int32 or int64, got ", t.scalar_type());
 }
 
 inline void check_padding_idx(const char* op, int64_t padding_idx, int64_t num_weights) {
-  TORCH_CHECK_VALUE(padding_idx == -1 || (padding_idx >= 0 && padding_idx < num_weights), op,
+  BARACUDA_CHECK_VALUE(padding_idx == -1 || (padding_idx >= 0 && padding_idx < num_weights), op,
                     ": padding_idx must be -1 (none) or in [0, ", num_weights, "), got ", padding_idx);
 }
 
 inline void check_int64_aux(const char* op, const char* name, const at::Tensor& t, c10::IntArrayRef shape) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, op, ": ", name, " must be int64, got ", t.scalar_type());
+  BARACUDA_CHECK_TYPE(t.scalar_type() == at::kLong, op, ": ", name, " must be int64, got ", t.scalar_type());
   check_shape(op, name, t, shape);
 }
 
@@ -79,7 +79,7 @@ inline BagGeometry check_embedding_bag(const at::Tensor& weight, const at::Tenso
   const char* op = kEmbeddingBagOp;
   check_mode(op, mode);
   check_floating(op, "weight", weight);
-  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got shape ",
+  BARACUDA_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got shape ",
                     shape_str(weight.sizes()));
   check_index_dtype(op, "indices", indices);
   check_same_device(op, "weight", weight, "indices", indices);
@@ -91,28 +91,28 @@ inline BagGeometry check_embedding_bag(const at::Tensor& weight, const at::Tenso
   g.padding_idx = padding_idx;
   check_padding_idx(op, padding_idx, g.num_weights);
   if (indices.dim() == 2) {
-    TORCH_CHECK_VALUE(!offsets.has_value(), op, ": offsets must be None when indices is 2-D (fixed-size bags), got "
+    BARACUDA_CHECK_VALUE(!offsets.has_value(), op, ": offsets must be None when indices is 2-D (fixed-size bags), got "
                       "offsets of shape ", shape_str(offsets->sizes()));
     g.num_bags = indices.size(0);
     g.fixed_len = indices.size(1);
   } else {
-    TORCH_CHECK_VALUE(indices.dim() == 1, op,
+    BARACUDA_CHECK_VALUE(indices.dim() == 1, op,
                       ": indices must be 1-D (with offsets) or 2-D (fixed-size bags), got shape ", shape_str(indices.sizes()));
-    TORCH_CHECK_VALUE(offsets.has_value(), op, ": offsets are required when indices is 1-D");
+    BARACUDA_CHECK_VALUE(offsets.has_value(), op, ": offsets are required when indices is 1-D");
     check_index_dtype(op, "offsets", *offsets);
     check_same_device(op, "weight", weight, "offsets", *offsets);
-    TORCH_CHECK_VALUE(offsets->dim() == 1, op, ": offsets must be 1-D, got shape ", shape_str(offsets->sizes()));
+    BARACUDA_CHECK_VALUE(offsets->dim() == 1, op, ": offsets must be 1-D, got shape ", shape_str(offsets->sizes()));
     g.num_offsets = offsets->size(0);
-    TORCH_CHECK_VALUE(!include_last_offset || g.num_offsets >= 1, op,
+    BARACUDA_CHECK_VALUE(!include_last_offset || g.num_offsets >= 1, op,
                       ": include_last_offset needs at least 1 offset, got 0");
     g.num_bags = include_last_offset ? g.num_offsets - 1 : g.num_offsets;
   }
   if (per_sample_weights.has_value()) {
-    TORCH_CHECK_VALUE(mode == kModeSum, op, ": per_sample_weights is only supported with mode 0 (sum), got mode ",
+    BARACUDA_CHECK_NOT_IMPLEMENTED(mode == kModeSum, op, ": per_sample_weights is only supported with mode 0 (sum), got mode ",
                       mode, " (", mode_name(mode), ")");
     check_same_dtype(op, "weight", weight, "per_sample_weights", *per_sample_weights);
     check_same_device(op, "weight", weight, "per_sample_weights", *per_sample_weights);
-    TORCH_CHECK_VALUE(per_sample_weights->sizes() == indices.sizes(), op, ": per_sample_weights shape ",
+    BARACUDA_CHECK_VALUE(per_sample_weights->sizes() == indices.sizes(), op, ": per_sample_weights shape ",
                       shape_str(per_sample_weights->sizes()), " != indices shape ", shape_str(indices.sizes()));
   }
   return g;
@@ -132,8 +132,20 @@ inline void check_embedding_bag_outputs(const BagGeometry& g, const at::Tensor& 
   check_out(op, "bag_size", bag_size, {g.num_bags}, at::kLong, weight.device());
   check_out(op, "max_positions", max_positions, max_positions_shape(g), at::kLong, weight.device());
   for (const at::Tensor* t : {&output, &offset2bag, &bag_size, &max_positions}) {
-    TORCH_CHECK_VALUE(t->is_contiguous(), op, ": outputs must be contiguous");
+    BARACUDA_CHECK_VALUE(t->is_contiguous(), op, ": outputs must be contiguous");
   }
+}
+
+inline void check_embedding_bag_no_overlap(const at::Tensor& weight, const at::Tensor& indices,
+                                           const c10::optional<at::Tensor>& offsets,
+                                           const c10::optional<at::Tensor>& per_sample_weights, const at::Tensor& output,
+                                           const at::Tensor& offset2bag, const at::Tensor& bag_size,
+                                           const at::Tensor& max_positions) {
+  check_no_overlap(kEmbeddingBagOp,
+                   {{"output", output}, {"offset2bag", offset2bag}, {"bag_size", bag_size},
+                    {"max_positions", max_positions}},
+                   {{"weight", weight}, {"indices", indices}, {"offsets", if_present(offsets)},
+                    {"per_sample_weights", if_present(per_sample_weights)}});
 }
 
 // Indices and offsets of different integer types are both used as int64, as
@@ -172,11 +184,12 @@ inline void check_embedding_bag_backward(const at::Tensor& grad, const at::Tenso
   const char* op = kEmbeddingBagBackwardOp;
   check_mode(op, mode);
   check_floating(op, "grad", grad);
-  TORCH_CHECK_VALUE(grad.dim() == 2, op, ": grad must be 2-D [num_bags, embedding_dim], got shape ", shape_str(grad.sizes()));
+  BARACUDA_CHECK_VALUE(grad.dim() == 2, op, ": grad must be 2-D [num_bags, embedding_dim], got shape ", shape_str(grad.sizes()));
   checked_nonneg(op, "num_weights", num_weights);
   check_padding_idx(op, padding_idx, num_weights);
   check_index_dtype(op, "indices", indices);
   const int64_t B = grad.size(0), D = grad.size(1);
+  checked_numel(op, "grad_weight [num_weights, embedding_dim]", {num_weights, D});
   check_int64_aux(op, "offset2bag", offset2bag, {indices.numel()});
   check_int64_aux(op, "bag_size", bag_size, {B});
   if (mode == kModeMax) check_int64_aux(op, "max_positions", max_positions, {B, D});
@@ -184,13 +197,27 @@ inline void check_embedding_bag_backward(const at::Tensor& grad, const at::Tenso
     check_same_device(op, "grad", grad, "index tensors", *t);
   }
   if (per_sample_weights.has_value()) {
-    TORCH_CHECK_VALUE(mode == kModeSum, op, ": per_sample_weights is only supported with mode 0 (sum), got mode ",
+    BARACUDA_CHECK_NOT_IMPLEMENTED(mode == kModeSum, op, ": per_sample_weights is only supported with mode 0 (sum), got mode ",
                       mode, " (", mode_name(mode), ")");
     check_same_dtype(op, "grad", grad, "per_sample_weights", *per_sample_weights);
     check_same_device(op, "grad", grad, "per_sample_weights", *per_sample_weights);
-    TORCH_CHECK_VALUE(per_sample_weights->sizes() == indices.sizes(), op, ": per_sample_weights shape ",
+    BARACUDA_CHECK_VALUE(per_sample_weights->sizes() == indices.sizes(), op, ": per_sample_weights shape ",
                       shape_str(per_sample_weights->sizes()), " != indices shape ", shape_str(indices.sizes()));
   }
+}
+
+inline void check_embedding_bag_backward_overlap(const at::Tensor& grad, const at::Tensor& indices,
+                                                 const at::Tensor& offset2bag, const at::Tensor& bag_size,
+                                                 const at::Tensor& max_positions,
+                                                 const c10::optional<at::Tensor>& per_sample_weights,
+                                                 const at::Tensor& grad_weight) {
+  check_no_overlap(kEmbeddingBagBackwardOp, {{"grad_weight", grad_weight}},
+                   {{"grad", grad},
+                    {"indices", indices},
+                    {"offset2bag", offset2bag},
+                    {"bag_size", bag_size},
+                    {"max_positions", max_positions},
+                    {"per_sample_weights", if_present(per_sample_weights)}});
 }
 
 inline void check_per_sample_weights_backward(const at::Tensor& grad, const at::Tensor& weight,
@@ -198,13 +225,13 @@ inline void check_per_sample_weights_backward(const at::Tensor& grad, const at::
                                               int64_t padding_idx) {
   const char* op = kEmbeddingBagPswBackwardOp;
   check_mode(op, mode);
-  TORCH_CHECK_VALUE(mode == kModeSum, op, ": per_sample_weights only have a gradient in mode 0 (sum), got mode ",
+  BARACUDA_CHECK_VALUE(mode == kModeSum, op, ": per_sample_weights only have a gradient in mode 0 (sum), got mode ",
                     mode, " (", mode_name(mode), ")");
   check_floating(op, "grad", grad);
   check_same_dtype(op, "grad", grad, "weight", weight);
-  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got shape ",
+  BARACUDA_CHECK_VALUE(weight.dim() == 2, op, ": weight must be 2-D [num_embeddings, embedding_dim], got shape ",
                     shape_str(weight.sizes()));
-  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.size(1) == weight.size(1), op, ": grad shape ", shape_str(grad.sizes()),
+  BARACUDA_CHECK_VALUE(grad.dim() == 2 && grad.size(1) == weight.size(1), op, ": grad shape ", shape_str(grad.sizes()),
                     " != expected [num_bags, ", weight.size(1), "]");
   check_padding_idx(op, padding_idx, weight.size(0));
   check_index_dtype(op, "indices", indices);

@@ -98,21 +98,22 @@ struct FmpGeometry {
 inline FmpGeometry fmp_geometry(const char* op, int dims, c10::IntArrayRef input_shape,
                                 c10::IntArrayRef kernel_size, c10::IntArrayRef output_size) {
   const int64_t nd = static_cast<int64_t>(input_shape.size());
-  TORCH_CHECK_VALUE(nd == dims + 1 || nd == dims + 2, op, ": expected a ", dims + 1, "-D or ", dims + 2,
+  BARACUDA_CHECK_VALUE(nd == dims + 1 || nd == dims + 2, op, ": expected a ", dims + 1, "-D or ", dims + 2,
                     "-D input, got shape ", shape_str(input_shape));
-  TORCH_CHECK_VALUE(static_cast<int>(kernel_size.size()) == dims, op, ": kernel_size must have ", dims,
+  BARACUDA_CHECK_VALUE(static_cast<int>(kernel_size.size()) == dims, op, ": kernel_size must have ", dims,
                     " entries, got ", shape_str(kernel_size));
-  TORCH_CHECK_VALUE(static_cast<int>(output_size.size()) == dims, op, ": output_size must have ", dims,
+  BARACUDA_CHECK_VALUE(static_cast<int>(output_size.size()) == dims, op, ": output_size must have ", dims,
                     " entries, got ", shape_str(output_size));
   for (int64_t d = nd - dims - 1; d < nd; ++d) {
-    TORCH_CHECK_VALUE(input_shape[d] > 0, op, ": expected non-zero channel and spatial sizes, got input shape ",
+    BARACUDA_CHECK_VALUE(input_shape[d] > 0, op, ": expected non-zero channel and spatial sizes, got input shape ",
                       shape_str(input_shape));
   }
   FmpGeometry g;
   g.dims = dims;
   g.batch = nd == dims + 2 ? input_shape[0] : 1;
-  TORCH_CHECK_VALUE(g.batch >= 0, op, ": batch size must be >= 0, got ", g.batch);
+  BARACUDA_CHECK_VALUE(g.batch >= 0, op, ": batch size must be >= 0, got ", g.batch);
   g.channels = input_shape[nd - dims - 1];
+  checked_numel(op, "input_shape", input_shape);
   const int first = 3 - dims;  // 2d fills H, W
   static const char* axis_names[3] = {"time", "height", "width"};
   for (int a = 0; a < dims; ++a) {
@@ -120,9 +121,10 @@ inline FmpGeometry fmp_geometry(const char* op, int dims, c10::IntArrayRef input
     g.in[ax] = input_shape[nd - dims + a];
     g.k[ax] = kernel_size[a];
     g.out[ax] = output_size[a];
-    TORCH_CHECK_VALUE(g.k[ax] > 0, op, ": kernel_size must be > 0, got ", shape_str(kernel_size));
-    TORCH_CHECK_VALUE(g.out[ax] >= 0, op, ": output_size must be >= 0, got ", shape_str(output_size));
-    TORCH_CHECK_VALUE(g.out[ax] + g.k[ax] - 1 <= g.in[ax], op, ": output_size ", g.out[ax], " + kernel_size ",
+    BARACUDA_CHECK_VALUE(g.k[ax] > 0, op, ": kernel_size must be > 0, got ", shape_str(kernel_size));
+    BARACUDA_CHECK_VALUE(g.out[ax] >= 0, op, ": output_size must be >= 0, got ", shape_str(output_size));
+    // out + k - 1 <= in, written so that no term overflows (k > 0, in > 0).
+    BARACUDA_CHECK_VALUE(g.k[ax] <= g.in[ax] && g.out[ax] <= g.in[ax] - g.k[ax] + 1, op, ": output_size ", g.out[ax], " + kernel_size ",
                       g.k[ax], " - 1 > input ", axis_names[ax], " ", g.in[ax],
                       " (need output_size + kernel_size - 1 <= input size)");
   }
@@ -148,9 +150,9 @@ inline FmpGeometry check_fmp_forward(int dims, const at::Tensor& self, c10::IntA
   check_floating(op, "self", self);
   const auto g = fmp_geometry(op, dims, self.sizes(), kernel_size, output_size);
   check_same_device(op, "self", self, "random_samples", samples);
-  TORCH_CHECK_TYPE(samples.scalar_type() == self.scalar_type(), op, ": random_samples dtype ",
+  BARACUDA_CHECK_TYPE(samples.scalar_type() == self.scalar_type(), op, ": random_samples dtype ",
                    samples.scalar_type(), " != self dtype ", self.scalar_type());
-  TORCH_CHECK_VALUE(samples.dim() == 3 && samples.size(0) >= g.batch && samples.size(1) == g.channels &&
+  BARACUDA_CHECK_VALUE(samples.dim() == 3 && samples.size(0) >= g.batch && samples.size(1) == g.channels &&
                         samples.size(2) == dims,
                     op, ": random_samples shape ", shape_str(samples.sizes()), " != expected [N >= ", g.batch, ", ",
                     g.channels, ", ", dims, "]");
@@ -163,7 +165,7 @@ inline void check_fmp_forward_outs(int dims, const at::Tensor& self, c10::IntArr
   const auto shape = fmp_output_shape(dims, self.sizes(), output_size);
   check_out(op, "output", output, shape, self.scalar_type(), self.device());
   check_out(op, "indices", indices, shape, at::kLong, self.device());
-  TORCH_CHECK_VALUE(output.is_contiguous() && indices.is_contiguous(), op,
+  BARACUDA_CHECK_VALUE(output.is_contiguous() && indices.is_contiguous(), op,
                     ": output and indices must be contiguous");
 }
 
@@ -177,7 +179,7 @@ inline FmpGeometry check_fmp_backward(int dims, const at::Tensor& grad_output, c
   check_same_device(op, "self", self, "grad_output", grad_output);
   check_same_device(op, "self", self, "indices", indices);
   check_same_dtype(op, "self", self, "grad_output", grad_output);
-  TORCH_CHECK_TYPE(indices.scalar_type() == at::kLong, op, ": indices dtype ", indices.scalar_type(),
+  BARACUDA_CHECK_TYPE(indices.scalar_type() == at::kLong, op, ": indices dtype ", indices.scalar_type(),
                    " != expected Long");
   const auto shape = fmp_output_shape(dims, self.sizes(), output_size);
   check_shape(op, "grad_output", grad_output, shape);
@@ -188,15 +190,20 @@ inline FmpGeometry check_fmp_backward(int dims, const at::Tensor& grad_output, c
 inline void check_fmp_grad_input(int dims, const at::Tensor& self, const at::Tensor& grad_input) {
   const char* op = fmp_op_name(dims, true);
   check_out(op, "grad_input", grad_input, self.sizes(), self.scalar_type(), self.device());
-  TORCH_CHECK_VALUE(grad_input.is_contiguous(), op, ": grad_input must be contiguous");
+  BARACUDA_CHECK_VALUE(grad_input.is_contiguous(), op, ": grad_input must be contiguous");
 }
 
-// problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
-inline FmpGeometry fmp_geometry_of_problem(const char* op, c10::IntArrayRef problem) {
-  TORCH_CHECK_VALUE(problem.size() >= 2 && (problem[0] == 2 || problem[0] == 3) && problem[1] >= 0 &&
-                        static_cast<int64_t>(problem.size()) == 2 + problem[1] + 2 * problem[0],
-                    op, ": malformed problem ", shape_str(problem));
+// problem = [dims, input ndim, *input_shape, *kernel_size, *output_size];
+// errors name the op of those dims (fractional_max_pool2d / 3d, or its backward).
+inline FmpGeometry fmp_geometry_of_problem(bool backward, c10::IntArrayRef problem) {
+  BARACUDA_CHECK_VALUE(problem.size() >= 2 && (problem[0] == 2 || problem[0] == 3),
+                       backward ? "baracuda::fractional_max_pool_backward" : "baracuda::fractional_max_pool",
+                       ": malformed problem ", shape_str(problem), " (expected dims 2 or 3 first)");
   const int dims = static_cast<int>(problem[0]);
+  const char* op = fmp_op_name(dims, backward);
+  BARACUDA_CHECK_VALUE(problem[1] >= 0 && problem[1] <= 8 &&
+                           static_cast<int64_t>(problem.size()) == 2 + problem[1] + 2 * problem[0],
+                       op, ": malformed problem ", shape_str(problem));
   const auto input_shape = problem.slice(2, problem[1]);
   const auto kernel_size = problem.slice(2 + problem[1], dims);
   const auto output_size = problem.slice(2 + problem[1] + dims, dims);

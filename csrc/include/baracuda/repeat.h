@@ -55,7 +55,7 @@ inline TiledLayout collapse_tiling(const char* op, c10::IntArrayRef input_shape,
       layout.size[layout.ndim - 1] *= s;
       continue;
     }
-    TORCH_CHECK_NOT_IMPLEMENTED(layout.ndim < kMaxTileDims, op, ": the input and repeats collapse to more than ",
+    BARACUDA_CHECK_NOT_IMPLEMENTED(layout.ndim < kMaxTileDims, op, ": the input and repeats collapse to more than ",
                                 kMaxTileDims, " alternating repeated dims; input shape ", shape_str(input_shape),
                                 ", repeats ", shape_str(repeats));
     layout.size[layout.ndim] = s;
@@ -76,17 +76,18 @@ constexpr const char* kRepeatBackwardOp = "baracuda::repeat_backward";
 // Output shape of Tensor.repeat: len(repeats) >= input dims, repeats >= 0.
 inline std::vector<int64_t> repeat_output_shape(const char* op, c10::IntArrayRef input_shape,
                                                 c10::IntArrayRef repeats) {
-  TORCH_CHECK_VALUE(repeats.size() >= input_shape.size(), op, ": repeats ", shape_str(repeats), " has ", repeats.size(),
+  BARACUDA_CHECK_VALUE(repeats.size() >= input_shape.size(), op, ": repeats ", shape_str(repeats), " has ", repeats.size(),
                     " entries but the input has ", input_shape.size(), " dims; expected at least ",
                     input_shape.size());
   const size_t pad = repeats.size() - input_shape.size();
+  checked_numel(op, "input_shape", input_shape);
   std::vector<int64_t> out(repeats.size());
   for (size_t d = 0; d < repeats.size(); ++d) {
-    TORCH_CHECK_VALUE(repeats[d] >= 0, op, ": repeats must be >= 0, got ", shape_str(repeats));
+    BARACUDA_CHECK_VALUE(repeats[d] >= 0, op, ": repeats must be >= 0, got ", shape_str(repeats));
     const int64_t s = d < pad ? 1 : input_shape[d - pad];
-    TORCH_CHECK_VALUE(s >= 0, op, ": input_shape must be >= 0, got ", shape_str(input_shape));
-    out[d] = s * repeats[d];
+    out[d] = checked_mul(op, "an output extent (input size * repeats)", s, repeats[d]);
   }
+  checked_numel(op, "the output shape", out);
   return out;
 }
 
@@ -94,7 +95,7 @@ inline std::vector<int64_t> repeat_output_shape(const char* op, c10::IntArrayRef
 inline void check_repeat_backward(const at::Tensor& grad, c10::IntArrayRef repeats, c10::IntArrayRef input_shape) {
   check_floating(kRepeatBackwardOp, "grad", grad);
   const auto expected = repeat_output_shape(kRepeatBackwardOp, input_shape, repeats);
-  TORCH_CHECK_VALUE(grad.sizes() == c10::IntArrayRef(expected), kRepeatBackwardOp, ": grad shape ",
+  BARACUDA_CHECK_VALUE(grad.sizes() == c10::IntArrayRef(expected), kRepeatBackwardOp, ": grad shape ",
                     shape_str(grad.sizes()), " != expected ", shape_str(expected), " (input_shape ",
                     shape_str(input_shape), " repeated ", shape_str(repeats), ")");
 }

@@ -45,10 +45,10 @@ inline bool has_tensor(const std::optional<at::Tensor>& t) { return t.has_value(
 
 // normalized_shape has >= 1 dims and equals the input's trailing dims.
 inline RowShape rms_row_shape(const char* op, c10::IntArrayRef input_shape, c10::IntArrayRef normalized_shape) {
-  TORCH_CHECK_VALUE(!normalized_shape.empty(), op, ": normalized_shape must have at least 1 dim, got []");
+  BARACUDA_CHECK_VALUE(!normalized_shape.empty(), op, ": normalized_shape must have at least 1 dim, got []");
   const size_t k = normalized_shape.size();
   const bool fits = k <= input_shape.size() && input_shape.slice(input_shape.size() - k) == normalized_shape;
-  TORCH_CHECK_VALUE(fits, op, ": normalized_shape ", normalized_shape, " does not match the trailing dims of input shape ",
+  BARACUDA_CHECK_VALUE(fits, op, ": normalized_shape ", normalized_shape, " does not match the trailing dims of input shape ",
                     input_shape);
   RowShape s{1, 1};
   for (size_t d = 0; d < input_shape.size(); ++d) (d + k < input_shape.size() ? s.M : s.N) *= input_shape[d];
@@ -66,9 +66,9 @@ inline void check_rms_weight(const char* op, const at::Tensor& input, const at::
   check_same_device(op, "input", input, "weight", weight);
   const auto x = input.scalar_type(), w = weight.scalar_type();
   const bool mixed = w == at::kFloat && (x == at::kHalf || x == at::kBFloat16);
-  TORCH_CHECK_TYPE(w == x || mixed, op, ": weight dtype ", w, " is not supported with input dtype ", x, "; expected ",
+  BARACUDA_CHECK_TYPE(w == x || mixed, op, ": weight dtype ", w, " is not supported with input dtype ", x, "; expected ",
                    x, (x == at::kHalf || x == at::kBFloat16) ? " or Float" : "");
-  TORCH_CHECK_VALUE(weight.sizes() == normalized_shape, op, ": weight shape ", weight.sizes(),
+  BARACUDA_CHECK_VALUE(weight.sizes() == normalized_shape, op, ": weight shape ", weight.sizes(),
                     " != normalized_shape ", normalized_shape);
 }
 
@@ -91,15 +91,34 @@ inline RowShape check_rms_norm_backward(const at::Tensor& grad_out, const at::Te
   check_same_device(op, "input", input, "grad_out", grad_out);
   check_same_device(op, "input", input, "rstd", rstd);
   check_same_dtype(op, "input", input, "grad_out", grad_out);
-  TORCH_CHECK_VALUE(grad_out.sizes() == input.sizes(), op, ": grad_out shape ", grad_out.sizes(), " != input shape ",
+  BARACUDA_CHECK_VALUE(grad_out.sizes() == input.sizes(), op, ": grad_out shape ", grad_out.sizes(), " != input shape ",
                     input.sizes());
   const auto acc = rms_acc_dtype(input.scalar_type());
-  TORCH_CHECK_TYPE(rstd.scalar_type() == acc, op, ": rstd dtype ", rstd.scalar_type(), " != expected ", acc);
+  BARACUDA_CHECK_TYPE(rstd.scalar_type() == acc, op, ": rstd dtype ", rstd.scalar_type(), " != expected ", acc);
   const auto stat_shape = rms_rstd_shape(input.sizes(), normalized_shape.size());
-  TORCH_CHECK_VALUE(rstd.sizes() == c10::IntArrayRef(stat_shape), op, ": rstd shape ", rstd.sizes(),
+  BARACUDA_CHECK_VALUE(rstd.sizes() == c10::IntArrayRef(stat_shape), op, ": rstd shape ", rstd.sizes(),
                     " != expected ", c10::IntArrayRef(stat_shape));
   if (has_tensor(weight)) check_rms_weight(op, input, *weight, normalized_shape);
   return rows;
+}
+
+inline void check_rms_norm_out_overlap(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                       const at::Tensor& output, const at::Tensor& rstd) {
+  check_no_overlap(kRmsNormOp, {{"output", output}, {"rstd", rstd}},
+                   {{"input", input}, {"weight", has_tensor(weight) ? *weight : at::Tensor()}});
+}
+
+// grad_input / grad_weight: undefined when not written (output_mask).
+inline void check_rms_norm_backward_overlap(const at::Tensor& grad_out, const at::Tensor& input,
+                                            const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                            const at::Tensor& grad_input, const at::Tensor& grad_weight,
+                                            const at::Tensor& workspace) {
+  check_no_overlap(kRmsNormBackwardOp,
+                   {{"grad_input", grad_input}, {"grad_weight", grad_weight}, {"workspace", workspace}},
+                   {{"grad_out", grad_out},
+                    {"input", input},
+                    {"rstd", rstd},
+                    {"weight", has_tensor(weight) ? *weight : at::Tensor()}});
 }
 
 // Calls fn(W{}) with W the weight's element type: scalar_t, or float for a
