@@ -11,6 +11,7 @@ placements are checked too: a rule that passes a placement through does so witho
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 
@@ -46,8 +47,6 @@ def _run_group(world: int, checks: list[str]) -> None:
 
 
 def _rank_main(rank: int, world: int, tmp: str, root: str, checks: list[str]) -> None:
-    import sys
-
     sys.path.insert(0, root)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -58,7 +57,9 @@ def _rank_main(rank: int, world: int, tmp: str, root: str, checks: list[str]) ->
 
         module = sys.modules[__name__] if __name__ in sys.modules else __import__("test_distributed")
         for name in checks:
+            t0 = time.perf_counter()
             getattr(module, name)(world)
+            print(f"TIMING rank {rank} {name} {time.perf_counter() - t0:.1f}s", flush=True)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -130,7 +131,7 @@ def check_rms_norm(world: int) -> None:
     ops = torch.ops.baracuda
     _seeded()
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(3, 2 * world + 1, 16, dtype=dtype)  # an uneven sequence shard
+        x = torch.randn(world + 1, 2 * world + 1, 16, dtype=dtype)  # uneven shards
         w = torch.randn(16, dtype=dtype)
         for dim in (0, 1):
             s = Shard(dim)
@@ -319,5 +320,49 @@ def check_embedding_bag(world: int) -> None:
     _same(weight.grad, table.weight.grad, False, "EmbeddingBag row-sharded dW")
 
 
-def test_ops_on_two_ranks():
-    _run_group(2, ["check_rms_norm", "check_repeat", "check_alibi", "check_fractional_max_pool", "check_embedding_bag"])
+# --------------------------------------------------------------------------- checks of training
+
+
+_TINY = None
+
+
+def _dist_train():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "tools"))
+    import dist_train
+
+    global _TINY
+    _TINY = dist_train.Config(vocab=64, dim=16, layers=1, heads=4, hidden=32, seq=8, batch=4)
+    return dist_train
+
+
+def _check_training(layouts, compile=False) -> None:
+    """A small Llama-style block stack with baracuda_ops.nn.RMSNorm norms, trained 3 steps in each
+    layout, has the single-process run's losses (within float32 rounding: the layouts split
+    matmul and gradient sums across ranks)."""
+    dist_train = _dist_train()
+    for layout in layouts:
+        losses, _, reference = dist_train.compare(_TINY, layout, "ours", 2, torch.device("cpu"), compile)
+        torch.testing.assert_close(losses, reference, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{layout} (compile={compile}): {m}")
+
+
+def check_training_fsdp_and_tp(world: int) -> None:
+    _check_training(["fsdp", "tp"])
+
+
+def check_training_tp_compiled(world: int) -> None:
+    _check_training(["tp"], compile="aot_eager")
+
+
+def check_training_fsdp_x_tp(world: int) -> None:
+    _check_training(["fsdp_tp"])
+
+
+def test_two_ranks():
+    _run_group(2, ["check_rms_norm", "check_repeat", "check_alibi", "check_fractional_max_pool", "check_embedding_bag",
+                   "check_training_fsdp_and_tp", "check_training_tp_compiled"])
+
+
+def test_four_ranks():
+    _run_group(4, ["check_rms_norm", "check_embedding_bag", "check_training_fsdp_x_tp"])
