@@ -142,8 +142,9 @@ def _run_local(local: Callable, op_call, args, kwargs):
     sharding = op_info.output_sharding
     schema = op_info.schema
     if sharding.needs_redistribute:
-        dispatcher.redistribute_local_args(op_info, sharding.redistribute_schema,
-                                           getattr(sharding, "use_val_from_redistribute_schema", False))
+        # (PyTorch releases before the flag take the first two arguments only)
+        flag = getattr(sharding, "use_val_from_redistribute_schema", None)
+        dispatcher.redistribute_local_args(op_info, sharding.redistribute_schema, *(() if flag is None else (flag,)))
         schema = sharding.redistribute_schema
     local_args = (pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
                   if op_info.args_tree_spec else op_info.local_args)
