@@ -148,5 +148,6 @@ def _run_local(local: Callable, op_call, args, kwargs):
         schema = sharding.redistribute_schema
     local_args = (pytree.tree_unflatten(list(op_info.local_args), op_info.args_tree_spec)
                   if op_info.args_tree_spec else op_info.local_args)
-    result = local(Shards(schema.get_mesh_from_args(), schema.args_schema, sharding.output_spec), *local_args, **op_info.local_kwargs)
+    shards = Shards(schema.get_mesh_from_args(), schema.args_schema, sharding.output_spec)
+    result = local(shards, *local_args, **op_info.local_kwargs)
     return dispatcher.wrap(result, sharding.output_spec)

@@ -189,7 +189,9 @@ def train(model, data: list[torch.Tensor], rows: slice, device, compile: bool | 
     """Losses (of the whole batch: averaged over the ranks that split it) and step times in ms;
     ``compile``: False, True (torch.compile's default backend) or a backend's name."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step_fn = model if not compile else torch.compile(model) if compile is True else torch.compile(model, backend=compile)
+    step_fn = model
+    if compile:
+        step_fn = torch.compile(model) if compile is True else torch.compile(model, backend=compile)
     losses, times = [], []
     for tokens in data:
         tokens = tokens[rows]
@@ -223,7 +225,9 @@ def compare(config: Config, layout: str, norm: str, steps: int, device, compile:
 def run(args) -> None:
     world = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()
-    device = torch.device(args.device, rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     config = SMOKE if args.smoke else Config()
