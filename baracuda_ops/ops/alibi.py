@@ -29,6 +29,7 @@ from typing import Sequence
 
 import torch
 
+from .. import _dtensor
 from .._autograd import register_autograd
 from .._vmap import arg_dims, batch_first, sample_meta
 from .._errors import BaracudaValueError, check_same_device, raise_typed_error
@@ -262,6 +263,83 @@ def _alibi_backward_vmap(info, in_dims, grad, slopes, output_mask):
     return ((None if grad_scores is None else grad_scores.unflatten(1, (n, heads)),
              None if grad_slopes is None else grad_slopes.unflatten(0, (n, heads))),
             (None if grad_scores is None else 1, None if grad_slopes is None else 0))
+
+
+# --------------------------------------------------------------------------- DTensor sharding
+#
+# Every dim of the scores can be sharded without communication: batch (Shard(0)) and heads
+# (Shard(1), the slopes Shard(0) alike) as they are; queries (Shard(2)) and keys (Shard(3)) with
+# the bias of the rank's shard shifted: its positions start at offsets (q0, k0), so
+# ``slope * (j - i)`` there is the local op's bias plus ``slope * (k0 - q0)``, added in the
+# computation type after the op (one more rounding to the scores dtype). The slope gradient is
+# Partial(sum) over batch, query and key shards: ``sum dy * (j - i)`` of the shard, plus
+# ``(k0 - q0) * sum dy``. Partial scores are reduced first (the bias is not linear in them); in
+# place (alibi_inplace) they are refused, since the sum would land in a temporary.
+
+
+def _shift(shards) -> int:
+    """k0 - q0 of this rank's shard of the scores (argument 0)."""
+    return shards.offset(0, 3) - shards.offset(0, 2)
+
+
+def _shifted_bias(scores: torch.Tensor, slopes: torch.Tensor, shift: int) -> torch.Tensor:
+    """``slopes[h] * shift`` broadcast over the heads of ``scores`` in the computation type."""
+    acc = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    return (slopes.to(acc) * shift).view(-1, 1, 1)
+
+
+def _register_sharding() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    def strategies(outputs) -> list:
+        """``outputs(scores_placement, slope_grad_placement)``: the outputs of one strategy."""
+        scores_slopes = [(Replicate(), Replicate(), Replicate()), (Shard(0), Replicate(), Partial()),
+                         (Shard(1), Shard(0), Shard(0)), (Shard(2), Replicate(), Partial()),
+                         (Shard(3), Replicate(), Partial())]
+        return [(outputs(s, g), [s, w]) for s, w, g in scores_slopes]
+
+    def local_alibi(shards, scores, slopes):
+        out = torch.ops.baracuda.alibi(scores, slopes)
+        shift = _shift(shards)
+        return out if shift == 0 else (out + _shifted_bias(out, slopes, shift)).to(out.dtype)
+
+    @_dtensor.rule([torch.ops.baracuda.alibi.default], local=local_alibi)
+    def _alibi_sharding(scores, slopes):
+        return strategies(lambda s, g: [s])
+
+    def local_alibi_inplace(shards, scores, slopes):
+        torch.ops.baracuda.alibi_inplace(scores, slopes)
+        shift = _shift(shards)
+        if shift != 0:
+            scores.copy_(scores + _shifted_bias(scores, slopes, shift))
+
+    @_dtensor.rule([torch.ops.baracuda.alibi_inplace.default], local=local_alibi_inplace)
+    def _alibi_inplace_sharding(scores, slopes):
+        for mesh_dim, p in enumerate(scores.placements):
+            if not (p.is_replicate() or p.is_shard()):
+                raise NotImplementedError(
+                    f"baracuda::alibi_inplace: scores placement {p!r} on mesh dim {mesh_dim} cannot be updated in "
+                    f"place (it needs a reduction first); use alibi, or redistribute the scores to Replicate or "
+                    f"a Shard"
+                )
+        return [([], ins) for _, ins in strategies(lambda s, g: [])]
+
+    def local_alibi_backward(shards, grad, slopes, output_mask):
+        grad_scores, grad_slopes = torch.ops.baracuda.alibi_backward(grad, slopes, output_mask)
+        shift = _shift(shards)
+        if grad_slopes is not None and shift != 0:
+            acc = torch.float64 if grad.dtype == torch.float64 else torch.float32
+            sums = grad.sum(dim=(0, 2, 3), dtype=acc)
+            grad_slopes = (grad_slopes.to(acc) + shift * sums).to(grad_slopes.dtype)
+        return grad_scores, grad_slopes
+
+    @_dtensor.rule([torch.ops.baracuda.alibi_backward.default], local=local_alibi_backward)
+    def _alibi_backward_sharding(grad, slopes, output_mask):
+        return [(outs, ins + [None]) for outs, ins in strategies(
+            lambda s, g: [s if output_mask[0] else None, g if output_mask[1] else None])]
+
+
+_dtensor.when_available(_register_sharding)
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -42,6 +42,7 @@ from typing import Sequence
 
 import torch
 
+from .. import _dtensor
 from .._autograd import register_autograd, register_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import (
@@ -528,6 +529,156 @@ def _per_sample_weights_backward_vmap(info, in_dims, grad, weight, indices, offs
         batch_first(grad, in_dims[0], n).flatten(0, 1), table, idx.flatten(0, 1), offset2bag.flatten(), bag_mode,
         padding_idx)
     return grad_psw.reshape(n, *one[2].shape), 0
+
+
+# --------------------------------------------------------------------------- DTensor sharding
+#
+# Two layouts, which combine over the dims of a mesh:
+#
+# * Bags sharded: ``indices``, ``offsets`` and ``per_sample_weights`` Shard(0), each rank holding
+#   its own bags with offsets into its own indices (a per-rank batch, ``DTensor.from_local``), the
+#   table Replicate. Output, offset2bag, bag_size and max_positions are Shard(0); the weight
+#   gradient is Partial(sum), per_sample_weights' gradient Shard(0).
+# * Rows sharded: the table Shard(0) (rank r owns rows [start_r, start_r + rows_r)), the bags
+#   Replicate. Each rank pools the entries whose rows it owns: in sum and mean mode the other
+#   entries get weight 0 (a sum-mode call with a 0/1 per-sample weight) and the output is
+#   Partial(sum), the mean dividing each rank's sum by the bag's global size (its count of
+#   non-padding entries, known from the replicated indices); in max mode each rank pools its
+#   entries (regrouped by a stable sort into bags of their own), a bag with none of them gives
+#   -inf, and two all-reduces over the table's mesh dims (max of the values, then min of the
+#   positions holding that max) give the output and the global first argmax, Replicate, which
+#   the backward needs. bag_size comes out Partial(max): its value is the same on every rank, so
+#   that is exact, and it tells the backward the table is row-sharded. The backward then writes
+#   each rank's own rows (weight gradient Shard(0)); per_sample_weights' gradient is
+#   Partial(sum).
+
+
+def _owned_rows(indices, start: int, rows: int, padding_idx: int):
+    """(flattened indices, mask of the entries in rows [start, start + rows) that are not padding)."""
+    flat = indices.reshape(-1)
+    return flat, (flat >= start) & (flat < start + rows) & (flat != padding_idx)
+
+
+def _global_bag_size(flat, offset2bag, bags: int, padding_idx: int):
+    """Each bag's count of non-padding entries."""
+    counted = (offset2bag >= 0) & (flat != padding_idx)
+    return torch.zeros(bags, dtype=torch.int64, device=flat.device).index_add_(
+        0, offset2bag.clamp(min=0), counted.long())
+
+
+def _offset2bag(indices, offsets, include_last_offset: bool, bags: int):
+    """The bag of each flattened entry (-1 for an entry in no bag), from the geometry alone."""
+    n = indices.numel()
+    positions = torch.arange(n, device=indices.device)
+    if offsets is None:
+        return positions // max(indices.shape[1], 1)
+    starts = offsets[:bags].long()
+    bag = torch.searchsorted(starts, positions, right=True) - 1
+    if include_last_offset:
+        bag = torch.where(positions < offsets[bags], bag, -1)
+    return bag
+
+
+def _rowwise_max(shards, weight, indices, offsets, include_last_offset, padding_idx, start):
+    """Max mode on a row-sharded table (see the section comment)."""
+    rows = weight.shape[0]
+    bags = indices.shape[0] if offsets is None else offsets.shape[0] - int(include_last_offset)
+    flat, owned = _owned_rows(indices, start, rows, padding_idx)
+    offset2bag = _offset2bag(indices, offsets, include_last_offset, bags)
+    key = torch.where(owned & (offset2bag >= 0), offset2bag, bags)  # bag `bags`: the entries of other ranks
+    order = torch.sort(key, stable=True).indices
+    local_offsets = torch.cumsum(torch.bincount(key, minlength=bags + 1), 0) - torch.bincount(key, minlength=bags + 1)
+    local_indices = torch.where(owned, flat - start, 0)[order]
+    out, _, size, positions = torch.ops.baracuda.embedding_bag(weight, local_indices, local_offsets.to(flat.dtype), 2)
+    out, size, positions = out[:bags], size[:bags, None], positions[:bags]
+    positions = torch.where(positions >= 0, order[positions.clamp(min=0)], -1)
+    value = torch.where(size > 0, out, float("-inf"))
+    dims = shards.mesh_dims(0, 0)
+    best = shards.all_reduce(value, "max", dims)
+    position = shards.all_reduce(torch.where((size > 0) & (value == best), positions, flat.numel()), "min", dims)
+    bag_size = _global_bag_size(flat, offset2bag, bags, padding_idx)
+    empty = (bag_size == 0)[:, None]
+    return (torch.where(empty, 0, best).to(weight.dtype), offset2bag, bag_size, torch.where(empty, -1, position))
+
+
+def _register_sharding() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    def local_embedding_bag(shards, weight, indices, offsets, bag_mode=0, per_sample_weights=None,
+                            include_last_offset=False, padding_idx=-1):
+        if not shards.mesh_dims(0, 0):
+            return torch.ops.baracuda.embedding_bag(weight, indices, offsets, bag_mode, per_sample_weights,
+                                                    include_last_offset, padding_idx)
+        start = shards.offset(0, 0)
+        if bag_mode == 2:
+            return _rowwise_max(shards, weight, indices, offsets, include_last_offset, padding_idx, start)
+        flat, owned = _owned_rows(indices, start, weight.shape[0], padding_idx)
+        mask = owned.to(weight.dtype).view(indices.shape)
+        weights = mask if per_sample_weights is None else mask * per_sample_weights
+        local_indices = torch.where(owned, flat - start, 0).view(indices.shape)
+        out, offset2bag, _, positions = torch.ops.baracuda.embedding_bag(
+            weight, local_indices, offsets, 0, weights, include_last_offset, -1)
+        bag_size = _global_bag_size(flat, offset2bag, out.shape[0], padding_idx)
+        if bag_mode == 1:
+            acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+            out = (out.to(acc) / bag_size.clamp(min=1).to(acc)[:, None]).to(out.dtype)
+        return out, offset2bag, bag_size, positions
+
+    @_dtensor.rule([torch.ops.baracuda.embedding_bag.default], local=local_embedding_bag)
+    def _embedding_bag_sharding(weight, indices, offsets, bag_mode=0, per_sample_weights=None,
+                                include_last_offset=False, padding_idx=-1):
+        def ins(table, bags):
+            return [table, bags, None if offsets is None else bags, None,
+                    None if per_sample_weights is None else bags, None, None]
+
+        # max_positions outside max mode is empty, the same on every rank: Replicate
+        positions = Shard(0) if bag_mode == 2 else Replicate()
+        rows = [Partial() if bag_mode != 2 else Replicate(), Replicate(), Partial("max"), Replicate()]
+        return [([Replicate()] * 4, ins(Replicate(), Replicate())),
+                ([Shard(0)] * 3 + [positions], ins(Replicate(), Shard(0))),
+                (rows, ins(Shard(0), Replicate()))]
+
+    def local_backward(shards, grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+                       per_sample_weights=None, padding_idx=-1):
+        if not any(p.is_partial() for p in shards.specs[3].placements):  # bags sharded, or Replicate
+            return torch.ops.baracuda.embedding_bag_backward(grad, indices, offset2bag, bag_size, max_positions,
+                                                             num_weights, bag_mode, per_sample_weights, padding_idx)
+        start, rows = shards.output_rows(0)
+        flat, owned = _owned_rows(indices, start, rows, padding_idx)
+        # the entries of other ranks go to one more row, a padding row, dropped after
+        local_indices = torch.where(owned, flat - start, rows).view(indices.shape)
+        return torch.ops.baracuda.embedding_bag_backward(grad, local_indices, offset2bag, bag_size, max_positions,
+                                                         rows + 1, bag_mode, per_sample_weights, rows)[:rows]
+
+    @_dtensor.rule([torch.ops.baracuda.embedding_bag_backward.default], local=local_backward)
+    def _embedding_bag_backward_sharding(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+                                         per_sample_weights=None, padding_idx=-1):
+        def ins(bags, size):
+            positions = bags if bag_mode == 2 else Replicate()
+            return [bags, bags, bags, size, positions, None, None, None if per_sample_weights is None else bags, None]
+
+        r = Replicate()
+        return [([r], ins(r, r)), ([Partial()], ins(Shard(0), Shard(0))), ([Shard(0)], ins(r, Partial("max")))]
+
+    def local_psw_backward(shards, grad, weight, indices, offset2bag, bag_mode, padding_idx=-1):
+        if not shards.mesh_dims(1, 0):
+            return torch.ops.baracuda.embedding_bag_per_sample_weights_backward(grad, weight, indices, offset2bag,
+                                                                                bag_mode, padding_idx)
+        start = shards.offset(1, 0)
+        flat, owned = _owned_rows(indices, start, weight.shape[0], padding_idx)
+        local_indices = torch.where(owned, flat - start, 0).view(indices.shape)
+        out = torch.ops.baracuda.embedding_bag_per_sample_weights_backward(grad, weight, local_indices, offset2bag,
+                                                                           bag_mode, -1)
+        return out * owned.view(indices.shape)
+
+    @_dtensor.rule([torch.ops.baracuda.embedding_bag_per_sample_weights_backward.default], local=local_psw_backward)
+    def _psw_backward_sharding(grad, weight, indices, offset2bag, bag_mode, padding_idx=-1):
+        r = Replicate()
+        return [([r], [r, r, r, r, None, None]), ([Shard(0)], [Shard(0), r, Shard(0), Shard(0), None, None]),
+                ([Partial()], [r, Shard(0), r, r, None, None])]
+
+
+_dtensor.when_available(_register_sharding)
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -20,6 +20,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from .. import _dtensor
 from .._autograd import DifferentiableOp, register_autograd
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import BaracudaValueError, check_same_device, raise_typed_error
@@ -227,6 +228,38 @@ _POOL: dict[int, DifferentiableOp] = {}
 _POOL_BACKWARD: dict[int, DifferentiableOp] = {}
 for _dims in (2, 3):
     _POOL[_dims], _POOL_BACKWARD[_dims] = _register(_dims)
+
+
+# --------------------------------------------------------------------------- DTensor sharding
+#
+# Each (sample, channel) plane pools alone with its own random sample: a Shard of the batch or
+# channel dim passes through, the samples [N, C, dims] sharded alike, and the indices (positions
+# within a plane) and the backward's gradient follow it. The pooled dims are gathered first.
+
+
+def _register_sharding() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    def planes(x_dims: int, dims: int) -> list:
+        """(placement of x, of the samples) for each way to shard the planes, Replicate first."""
+        found = [(Replicate(), Replicate())]
+        if x_dims == dims + 2:
+            found += [(Shard(0), Shard(0)), (Shard(1), Shard(1))]
+        else:  # an unbatched [C, *spatial] input, samples [1, C, dims]
+            found.append((Shard(0), Shard(1)))
+        return found
+
+    for dims in (2, 3):
+        @_dtensor.rule([getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d").default])
+        def _pool_sharding(x, kernel_size, output_size, random_samples, dims=dims):
+            return [([p, p], [p, None, None, s]) for p, s in planes(x.ndim, dims)]
+
+        @_dtensor.rule([getattr(torch.ops.baracuda, f"fractional_max_pool{dims}d_backward").default])
+        def _pool_backward_sharding(grad_output, x, kernel_size, output_size, indices, dims=dims):
+            return [([p], [p, p, None, None, p]) for p, _ in planes(x.ndim, dims)]
+
+
+_dtensor.when_available(_register_sharding)
 
 
 # --------------------------------------------------------------------------- Plan API

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from .. import _dtensor
 from .._autograd import register_autograd
 from .._vmap import arg_dims, per_sample, sample_meta
 from .._errors import BaracudaValueError, check_numel, check_same_device, raise_typed_error
@@ -138,6 +139,49 @@ def _repeat_backward_vmap(info, in_dims, grad, repeats, input_shape):
     padded = [1] * (len(repeats) - len(input_shape)) + list(input_shape)
     grad_input = torch.ops.baracuda.repeat_backward(grad, [1, *repeats], [grad.shape[0], *padded])
     return grad_input.reshape(grad.shape[0], *input_shape), 0
+
+
+# --------------------------------------------------------------------------- DTensor sharding
+#
+# repeat is linear: Replicate and Partial pass through, and so does a Shard of an input dim that
+# is repeated once (the output's dim, counted after the extra leading repeat dims, sharded
+# alike); a dim repeated more than once is gathered first (its tiles interleave the shards). The
+# backward mirrors it; a Shard of one of the grad's extra leading dims (summed away) gives a
+# Partial(sum) gradient. The backward runs on the local shards with the local sizes in
+# ``repeats`` and ``input_shape``.
+
+
+def _register_sharding() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    def strategies(repeats, input_dims: int, extra: int, backward: bool) -> list:
+        tail = [None, None] if backward else [None]
+        found = [([Replicate()], [Replicate(), *tail]), ([Partial()], [Partial(), *tail])]
+        for d in range(input_dims):
+            if repeats[extra + d] == 1:
+                x_shard, y_shard = (Shard(extra + d), Shard(d)) if backward else (Shard(d), Shard(extra + d))
+                found.append(([y_shard], [x_shard, *tail]))
+        if backward:
+            found += [([Partial()], [Shard(e), *tail]) for e in range(extra)]
+        return found
+
+    @_dtensor.rule([torch.ops.baracuda.repeat.default])
+    def _repeat_sharding(x, repeats):
+        return strategies(repeats, x.ndim, len(repeats) - x.ndim, backward=False)
+
+    def local_backward(shards, grad, repeats, input_shape):
+        extra = len(repeats) - len(input_shape)
+        local_repeats = [grad.shape[e] for e in range(extra)] + list(repeats[extra:])
+        local_shape = [grad.shape[extra + d] if repeats[extra + d] == 1 else size
+                       for d, size in enumerate(input_shape)]
+        return torch.ops.baracuda.repeat_backward(grad, local_repeats, local_shape)
+
+    @_dtensor.rule([torch.ops.baracuda.repeat_backward.default], local=local_backward)
+    def _repeat_backward_sharding(grad, repeats, input_shape):
+        return strategies(repeats, len(input_shape), len(repeats) - len(input_shape), backward=True)
+
+
+_dtensor.when_available(_register_sharding)
 
 
 # --------------------------------------------------------------------------- Plan API

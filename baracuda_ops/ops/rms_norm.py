@@ -40,6 +40,7 @@ from typing import Sequence
 
 import torch
 
+from .. import _dtensor
 from .._autograd import register_autograd, register_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import BaracudaValueError, check_same_device, raise_typed_error
@@ -225,6 +226,60 @@ def _rms_norm_backward_vmap(info, in_dims, grad_out, x, normalized_shape, rstd, 
         rows = tuple(range(1, x.dim() - len(normalized_shape)))
         grad_weight = (terms.sum(dim=rows) if rows else terms).to(weight.dtype)
     return (grad_input, grad_weight), (None if grad_input is None else 0, None if grad_weight is None else 0)
+
+
+# --------------------------------------------------------------------------- DTensor sharding
+#
+# Rows are independent: a Shard of a dim before the normalized ones passes through to the output
+# and rstd (and, backward, to dx), the weight Replicate; dW sums over the rows, so with the rows
+# sharded each rank's dW is its share: Partial(sum), which the engine reduces. A Shard inside the
+# normalized dims would need each row's sum of squares across ranks: the rule refuses it (a
+# NotImplementedError naming the placement) rather than gather the rows unasked. The rules take
+# the row count of the normalized dims and the positions of the arguments, so that the rms_norm
+# variants reuse them.
+
+
+def row_norm_sharding(op: str, x, normalized_dims: int, args: int, rows_like: Sequence[int],
+                      replicated: Sequence[int], outputs: Sequence[str]) -> list:
+    """Strategies of a row-wise normalization op over ``x`` (a DTensorSpec) with ``normalized_dims``
+    trailing dims: ``args`` arguments, those at ``rows_like`` (x, grad_out, rstd...) sharded like
+    x, those at ``replicated`` (weights) Replicate, the rest None; ``outputs`` names each output's
+    kind: ``"rows"`` (sharded like x), ``"weight"`` (a weight's gradient: Partial(sum) when the rows
+    are sharded) or ``"none"`` (absent)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    first_normalized = x.ndim - normalized_dims
+    for mesh_dim, p in enumerate(x.placements):
+        if p.is_shard() and p.dim >= first_normalized:
+            raise NotImplementedError(
+                f"baracuda::{op}: input placement {p!r} on mesh dim {mesh_dim} shards normalized dim {p.dim} "
+                f"(input of {x.ndim} dims, the last {normalized_dims} normalized); shard a dim before "
+                f"{first_normalized}, or redistribute the input to Replicate on that mesh dim"
+            )
+
+    def strategy(rows, weight_grad):
+        kinds = {"rows": rows, "weight": weight_grad, "none": None}
+        ins = [rows if i in rows_like else Replicate() if i in replicated else None for i in range(args)]
+        return [kinds[k] for k in outputs], ins
+
+    return [strategy(Replicate(), Replicate())] + [strategy(Shard(d), Partial()) for d in range(first_normalized)]
+
+
+def _register_sharding() -> None:
+    @_dtensor.rule([torch.ops.baracuda.rms_norm.default])
+    def _rms_norm_sharding(x, normalized_shape, weight=None, eps=None):
+        return row_norm_sharding("rms_norm", x, len(normalized_shape), 4, [0], [2] if weight is not None else [],
+                                 ["rows", "rows"])
+
+    @_dtensor.rule([torch.ops.baracuda.rms_norm_backward.default])
+    def _rms_norm_backward_sharding(grad_out, x, normalized_shape, rstd, weight, output_mask):
+        outputs = ["rows" if output_mask[0] else "none",
+                   "weight" if output_mask[1] and weight is not None else "none"]
+        return row_norm_sharding("rms_norm_backward", x, len(normalized_shape), 6, [0, 1, 3],
+                                 [4] if weight is not None else [], outputs)
+
+
+_dtensor.when_available(_register_sharding)
 
 
 # --------------------------------------------------------------------------- Plan API
