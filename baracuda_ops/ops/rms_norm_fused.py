@@ -229,7 +229,9 @@ def _rms_norm_fused_vmap(info, in_dims, x, residual, normalized_shape, weight=No
     x = batch_first(x, in_dims[0], n)
     residual = batch_first(residual, in_dims[1], n)
     y, h, rstd = op(x, residual, normalized_shape, weight, eps, weight_offset, casting)
-    return (y, h, rstd), (0, 0 if residual is not None else None, 0)
+    if residual is None:  # the empty residual_out, one per sample
+        h = h.expand(n, *h.shape)
+    return (y, h, rstd), (0, 0, 0)
 
 
 @torch.library.register_vmap("baracuda::rms_norm_fused_backward")

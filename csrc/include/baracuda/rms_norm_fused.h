@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -48,9 +49,9 @@ enum class Casting : int { kTorch = 0, kLlama = 1, kGemma = 2 };
 inline Casting parse_casting(const char* op, c10::string_view casting) {
   if (casting == "torch") return Casting::kTorch;
   if (casting == "llama") return Casting::kLlama;
-  if (casting == "gemma") return Casting::kGemma;
-  TORCH_CHECK_VALUE(false, op, ": casting must be \"torch\", \"llama\" or \"gemma\", got \"", std::string(casting),
-                    "\"");
+  TORCH_CHECK_VALUE(casting == "gemma", op, ": casting must be \"torch\", \"llama\" or \"gemma\", got \"",
+                    std::string(casting), "\"");
+  return Casting::kGemma;
 }
 
 inline bool is_half_type(c10::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
