@@ -443,58 +443,62 @@ class TestRmsNormFusedMessages(TestCase):
             "\n".join(str(op._schema) for op in (
                 torch.ops.baracuda.rms_norm_fused.default, torch.ops.baracuda.rms_norm_fused.out,
                 torch.ops.baracuda.rms_norm_fused_backward.default, torch.ops.baracuda.rms_norm_fused_backward.out)),
-            """""",
+            """\
+baracuda::rms_norm_fused(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, float weight_offset=0., str casting="torch") -> (Tensor output, Tensor residual_out, Tensor rstd)
+baracuda::rms_norm_fused.out(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, float weight_offset=0., str casting="torch", *, Tensor(a!) output, Tensor(b!) residual_out, Tensor(c!) rstd) -> ()
+baracuda::rms_norm_fused_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)
+baracuda::rms_norm_fused_backward.out(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask, *, Tensor(a!) grad_input, Tensor(b!) grad_residual, Tensor(c!) grad_weight, Tensor(d!) workspace) -> ()""",
         )
 
     def test_residual_shape(self):
         x, r = torch.randn(3, 8), torch.randn(3, 4)
         self.assertExpectedRaisesInline(
-            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, r, [8], None), """""")
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, r, [8], None), """baracuda::rms_norm_fused: residual shape [3, 4] != input shape [3, 8]""")
 
     def test_residual_dtype(self):
         x, r = torch.randn(3, 8), torch.randn(3, 8, dtype=torch.float64)
         self.assertExpectedRaisesInline(
-            TypeError, lambda: torch.ops.baracuda.rms_norm_fused(x, r, [8], None), """""")
+            TypeError, lambda: torch.ops.baracuda.rms_norm_fused(x, r, [8], None), """baracuda::rms_norm_fused: residual dtype Double is not supported with input dtype Float; expected Float""")
 
     def test_per_head_weight_shape(self):
         x, w = torch.randn(2, 4, 8), torch.randn(3, 8)
         self.assertExpectedRaisesInline(
-            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], w), """""")
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], w), """baracuda::rms_norm_fused: weight shape [3, 8] must be normalized_shape [8] or, per head, the input's trailing dims (input shape [2, 4, 8])""")
 
     def test_unknown_casting(self):
         x = torch.randn(2, 8)
         self.assertExpectedRaisesInline(
-            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], None, None, 0.0, "bf16"), """""")
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], None, None, 0.0, "bf16"), """baracuda::rms_norm_fused: casting must be "torch", "llama" or "gemma", got "bf16\"""")
 
     def test_weight_offset_without_weight(self):
         x = torch.randn(2, 8)
         self.assertExpectedRaisesInline(
-            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], None, None, 1.0), """""")
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], None, None, 1.0), """baracuda::rms_norm_fused: weight_offset=1 needs a weight (y = x_hat * (weight + weight_offset)); got weight=None""")
 
     def test_residual_dtype_without_residual(self):
         self.assertExpectedRaisesInline(
             ValueError, lambda: baracuda_ops.rms_norm_fused(torch.randn(2, 8), 8, residual_dtype=torch.float32),
-            """""")
+            """baracuda::rms_norm_fused: residual_dtype is given but residual is None""")
 
     def test_backward_grad_out_dtype(self):
         h, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(8)
         rstd = torch.ones(2, 1)
         self.assertExpectedRaisesInline(
             TypeError, lambda: torch.ops.baracuda.rms_norm_fused_backward(
-                h, None, h, [8], rstd, w, 0.0, "llama", torch.bfloat16, [True, False, True]), """""")
+                h, None, h, [8], rstd, w, 0.0, "llama", torch.bfloat16, [True, False, True]), """baracuda::rms_norm_fused_backward: grad_out dtype BFloat16 != output dtype Float""")
 
     def test_backward_grad_residual_out_shape(self):
         h, rstd = torch.randn(2, 8), torch.ones(2, 1)
         self.assertExpectedRaisesInline(
             ValueError, lambda: torch.ops.baracuda.rms_norm_fused_backward(
-                h, torch.randn(2, 4), h, [8], rstd, None, 0.0, "torch", torch.float32, [True, False, False]), """""")
+                h, torch.randn(2, 4), h, [8], rstd, None, 0.0, "torch", torch.float32, [True, False, False]), """baracuda::rms_norm_fused_backward: grad_residual_out shape [2, 4] != h shape [2, 8]""")
 
     def test_nothing_written_on_error(self):
         x, r = torch.randn(3, 8), torch.randn(3, 8)
         y, h, rstd = torch.full((3, 8), 7.0), torch.full((3, 8), 7.0), torch.full((3, 2), 7.0)
         self.assertExpectedRaisesInline(
             ValueError, lambda: torch.ops.baracuda.rms_norm_fused.out(x, r, [8], None, output=y, residual_out=h,
-                                                                      rstd=rstd), """""")
+                                                                      rstd=rstd), """baracuda::rms_norm_fused: rstd shape [3, 2] != expected [3, 1]""")
         assert (y == 7).all() and (h == 7).all() and (rstd == 7).all()
 
 

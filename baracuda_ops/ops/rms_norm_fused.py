@@ -180,15 +180,15 @@ def _setup_context(ctx, inputs, output):
     ctx.output_dtype = y.dtype
     ctx.has_residual = residual is not None
     ctx.same_dtype = residual is not None and residual.dtype == x.dtype
-    ctx.mark_non_differentiable(rstd)
-    if residual is None:
-        ctx.mark_non_differentiable(h)
+    # (one call: each call replaces the set marked before)
+    ctx.mark_non_differentiable(*((rstd,) if residual is not None else (rstd, h)))
     ctx.save_for_backward(h if residual is not None else x, weight, rstd)
 
 
 def _backward(ctx, grad_y, grad_h, _grad_rstd):
     h, weight, rstd = ctx.saved_tensors
-    need_x, need_r, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3]
+    # (needs_input_grad covers the arguments given: trailing ones at their defaults are dropped)
+    need_x, need_r, _, need_w = (tuple(ctx.needs_input_grad) + (False,) * 4)[:4]
     # one tensor for both gradients when the residual has the input's dtype
     mask = [need_x or (ctx.same_dtype and need_r), ctx.has_residual and not ctx.same_dtype and need_r,
             weight is not None and need_w]
