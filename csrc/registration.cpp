@@ -77,6 +77,16 @@ TORCH_LIBRARY(baracuda, m) {
       "rms_norm_fused_backward.out(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, "
       "Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask, "
       "*, Tensor(a!) grad_input, Tensor(b!) grad_residual, Tensor(c!) grad_weight, Tensor(d!) workspace) -> ()");
+  // rms_norm_quant: rms_norm_fused's y as float8_e4m3fn, y / scale saturated to +-448; scale: a float32
+  // tensor of one element, or None for a scale per row (max|y| / 448), returned in scale_out (else [0]).
+  m.def(
+      "rms_norm_quant(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, "
+      "float? eps=None, float weight_offset=0., str casting=\"torch\", Tensor? scale=None) -> "
+      "(Tensor output, Tensor residual_out, Tensor scale_out)");
+  m.def(
+      "rms_norm_quant.out(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, "
+      "float? eps=None, float weight_offset=0., str casting=\"torch\", Tensor? scale=None, *, Tensor(a!) output, "
+      "Tensor(b!) residual_out, Tensor(c!) scale_out) -> ()");
   // (rms_norm_fused schemas end)
 
   // embedding_bag

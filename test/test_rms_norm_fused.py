@@ -160,7 +160,8 @@ def test_gradcheck(device):
     check(lambda x, r, w: baracuda_ops.rms_norm_fused(x, 6, w, residual=r), x, r, w)
     check(lambda x, r, w: baracuda_ops.rms_norm_fused(x, 6, w, residual=r, weight_offset=1.0, casting="gemma"), x, r, w)
     check(lambda x, w: baracuda_ops.rms_norm_fused(x, 6, w, casting="llama"), x, wh)
-    check(lambda x, w: baracuda_ops.rms_norm_fused(x, (2, 6), w, 1e-3), x, random((2, 6), d, device, requires_grad=True))
+    check(lambda x, w: baracuda_ops.rms_norm_fused(x, (2, 6), w, 1e-3), x,
+          random((2, 6), d, device, requires_grad=True))
     check(lambda x, r: baracuda_ops.rms_norm_fused(x, 6, residual=r), x, r)
 
 
@@ -292,8 +293,8 @@ def test_export_dynamic_matches_eager(device):
 def test_vmap_batching_rules(device):
     exact = device.type == "cpu"
     x, r = random((3, 5, 2, 8), torch.float32, device), random((3, 5, 2, 8), torch.float32, device)
-    w, wh, ws = random((8,), torch.float32, device), random((2, 8), torch.float32, device), random((3, 8), torch.float32,
-                                                                                                    device)
+    w, wh = random((8,), torch.float32, device), random((2, 8), torch.float32, device)
+    ws = random((3, 8), torch.float32, device)
 
     def forward(x, r, w, casting="torch"):
         return torch.ops.baracuda.rms_norm_fused(x, r, [8], w, None, 0.5, casting)
@@ -509,3 +510,117 @@ def test_residual_and_weight_device_mismatch_cuda():
         torch.ops.baracuda.rms_norm_fused(x, torch.randn(3, 8), [8], None)
     with pytest.raises(ValueError, match=r"baracuda::rms_norm_fused: weight is on cpu but input is on cuda:0"):
         torch.ops.baracuda.rms_norm_fused(x, None, [8], torch.randn(8))
+
+
+# ---------------------------------------------------------------------------- FP8 output
+
+
+def _quant_reference(y, scale):
+    return (y / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _same_bits(a, b):
+    torch.testing.assert_close(a.view(torch.uint8), b.view(torch.uint8), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_quant_matches_pytorch_reference(device, dtype, casting):
+    for (shape, ns, wshape), wdt in itertools.product(CASES, _weight_dtypes(dtype)):
+        x = random(shape, dtype, device) * 3
+        r = random(shape, dtype, device)
+        w = None if wshape is None else random(wshape, wdt, device) * 4  # some |y| / scale beyond 448
+        offset = 0.0 if w is None else 0.5
+        y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, list(ns), w, None, offset, casting)
+        static = torch.tensor([0.01], device=device)
+        q, h_q, none = torch.ops.baracuda.rms_norm_quant(x, r, list(ns), w, None, offset, casting, static)
+        assert q.dtype == torch.float8_e4m3fn and none.shape == (0,)
+        torch.testing.assert_close(h_q, h, rtol=0, atol=0)
+        _same_bits(q, _quant_reference(y, static))
+        q, _, row_scale = torch.ops.baracuda.rms_norm_quant(x, r, list(ns), w, None, offset, casting, None)
+        dims = tuple(range(x.dim() - len(ns), x.dim()))
+        amax = y.to(_acc(dtype)).abs().amax(dims, keepdim=True) if y.numel() else y.new_zeros(row_scale.shape)
+        want_scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax)).float()
+        torch.testing.assert_close(row_scale, want_scale, rtol=0, atol=0)
+        _same_bits(q, _quant_reference(y, row_scale))
+
+
+def test_quant_public_function(device):
+    x, r = random((4, 2, 16), torch.bfloat16, device), random((4, 2, 16), torch.bfloat16, device)
+    w = random((2, 16), torch.bfloat16, device)
+    q, scale = baracuda_ops.rms_norm_quant(x, 16, w, weight_offset=1.0, casting="gemma")
+    y = baracuda_ops.rms_norm_fused(x, 16, w, weight_offset=1.0, casting="gemma")
+    assert scale.shape == (4, 2, 1)
+    _same_bits(q, _quant_reference(y, scale))
+    static = torch.tensor([0.02], device=device)
+    q, scale, h = baracuda_ops.rms_norm_quant(x, 16, w, scale=static, residual=r, residual_dtype=torch.float32)
+    y, h_want = baracuda_ops.rms_norm_fused(x, 16, w, residual=r, residual_dtype=torch.float32)
+    assert scale is static and h.dtype == torch.float32
+    torch.testing.assert_close(h, h_want, rtol=0, atol=0)
+    _same_bits(q, _quant_reference(y, static))
+
+
+def test_quant_opcheck_compile_and_vmap(device):
+    x, r = random((3, 4, 8), torch.float32, device), random((3, 4, 8), torch.float32, device)
+    w, static = random((4, 8), torch.float32, device), torch.tensor([0.05], device=device)
+    for args in ((x, r, [8], w, None, 0.0, "torch", static), (x, None, [8], w, 1e-5, 1.0, "gemma", None)):
+        opcheck(torch.ops.baracuda.rms_norm_quant.default, args)
+    out = [torch.empty(3, 4, 8, dtype=torch.float8_e4m3fn, device=device), torch.empty(3, 4, 8, device=device),
+           torch.empty(3, 4, 1, device=device)]
+    opcheck(torch.ops.baracuda.rms_norm_quant.out, (x, r, [8], w, None, 0.0, "llama", None),
+            {"output": out[0], "residual_out": out[1], "scale_out": out[2]})
+
+    def fn(x, r, w):
+        q, scale, h = baracuda_ops.rms_norm_quant(x, 8, w, residual=r)
+        return q.view(torch.uint8), scale, h
+
+    torch._dynamo.reset()
+    for a, b in zip(torch.compile(fn, fullgraph=True, dynamic=True)(x, r, w), fn(x, r, w), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    def per_sample(x, r, w):
+        q, h, scale = torch.ops.baracuda.rms_norm_quant(x, r, [8], w, None, 0.0, "torch", None)
+        return q.view(torch.uint8), h, scale
+
+    check_vmap_matches_per_sample(per_sample, [x, r, w], [0, 0, None])
+
+
+class TestRmsNormQuantMessages(TestCase):
+    def test_scale_values(self):
+        x = torch.randn(2, 8)
+        for value in (0.0, -1.0, float("inf"), float("nan")):
+            with self.assertRaisesRegex(ValueError, r"^baracuda::rms_norm_quant: scale must be finite and > 0, got "):
+                torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch", torch.tensor([value]))
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
+                                                                  torch.tensor([-2.0])),
+            """""")
+
+    def test_scale_shape_and_dtype(self):
+        x = torch.randn(2, 8)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
+                                                                  torch.ones(2)), """""")
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
+                                                                 torch.ones(1, dtype=torch.float64)), """""")
+
+    def test_out_dtype(self):
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: baracuda_ops.rms_norm_quant(torch.randn(2, 8), 8, out_dtype=torch.float8_e5m2), """""")
+
+    def test_nothing_written_on_error(self):
+        x = torch.randn(3, 8)
+        q = torch.full((3, 8), 1.0).to(torch.float8_e4m3fn)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_quant.out(
+                x, None, [8], None, None, 0.0, "torch", torch.tensor([float("nan")]), output=q,
+                residual_out=torch.empty(0), scale_out=torch.empty(0)), """""")
+        assert (q.float() == 1).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quant_scale_value_checked_on_cuda():
+    x = torch.randn(3, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm_quant: scale must be finite and > 0, got nan"):
+        baracuda_ops.rms_norm_quant(x, 8, scale=torch.tensor([float("nan")], device="cuda"))

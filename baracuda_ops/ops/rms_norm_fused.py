@@ -24,6 +24,10 @@ The input is viewed as ``[M, N]`` rows, ``N = prod(normalized_shape)``. Per row,
   the residual stream kept in float32); ``rms_norm_fused(..., residual_dtype=)`` converts the
   residual first. Without a residual the op's ``residual_out`` is an empty ``[0]`` tensor.
 
+``rms_norm_quant`` (inference): ``y`` as above, in the output dtype, quantized to float8_e4m3fn,
+``q = (y / scale).clamp(-448, 448).to(torch.float8_e4m3fn)`` with a static per-tensor scale or a
+dynamic one per row (``max|y| / 448``), in one pass over the rows.
+
 Backward (``rms_norm_fused_backward``), with ``g = dy * (w + offset)``::
 
     dh = rstd * g - h * rstd**3 * mean(g * h) + d(residual_out)
@@ -50,6 +54,7 @@ from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 
 __all__ = [
     "rms_norm_fused",
+    "rms_norm_quant",
     "RMSNormFusedDescriptor",
     "RMSNormFusedArgs",
     "RMSNormFusedPlan",
@@ -88,6 +93,45 @@ def rms_norm_fused(
     y, h, _ = _RMSNormFused(input, residual, list(normalized_shape), _kernel_weight(input, weight), eps,
                             float(weight_offset), casting)
     return y if residual is None else (y, h)
+
+
+def rms_norm_quant(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int] | int,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+    residual: torch.Tensor | None = None,
+    residual_dtype: torch.dtype | None = None,
+    weight_offset: float = 0.0,
+    casting: str = "torch",
+):
+    """``rms_norm_fused``'s output quantized to float8_e4m3fn (inference: not differentiable):
+    ``q = (y / scale).clamp(-448, 448).to(torch.float8_e4m3fn)`` with ``y`` in the output dtype of
+    ``rms_norm_fused``. ``scale``: a float32 tensor of one element (static, per tensor; finite and
+    > 0, checked with a host read of its value), or None for a scale per row, ``max|y| / 448``
+    in float32 (1 for a row of zeros). Returns ``(q, scale)`` (the per-row scales, shape of
+    ``rstd``, or the given scale), and ``(q, scale, h)`` with a residual."""
+    if out_dtype != torch.float8_e4m3fn:
+        raise TypeError(f"baracuda::rms_norm_quant: out_dtype must be torch.float8_e4m3fn, got {out_dtype}")
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if residual_dtype is not None:
+        if residual is None:
+            raise ValueError("baracuda::rms_norm_quant: residual_dtype is given but residual is None")
+        residual = residual.to(residual_dtype)
+    if (scale is not None and scale.device.type != "cpu" and scale.numel() == 1 and scale.dtype == torch.float32
+            and not torch.compiler.is_compiling()):
+        value = scale.item()  # the op checks a CPU scale itself; a device one would cost it a sync
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"baracuda::rms_norm_quant: scale must be finite and > 0, got {value:g}")
+    q, h, row_scale = torch.ops.baracuda.rms_norm_quant(input, residual, list(normalized_shape),
+                                                        _kernel_weight(input, weight), eps, float(weight_offset),
+                                                        casting, scale)
+    out = (q, row_scale if scale is None else scale)
+    return out if residual is None else out + (h,)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -133,10 +177,9 @@ def _rstd_shape(input_shape: Sequence, normalized_dims: int) -> list:
     return list(input_shape[: len(input_shape) - normalized_dims]) + [1] * normalized_dims
 
 
-@torch.library.register_fake("baracuda::rms_norm_fused")
-def _rms_norm_fused_fake(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0, casting="torch"):
-    _check_dims("rms_norm_fused", x.shape, normalized_shape)
-    _check_casting("rms_norm_fused", casting)
+def _forward_fake(op, x, residual, normalized_shape, weight, casting):
+    _check_dims(op, x.shape, normalized_shape)
+    _check_casting(op, casting)
     out_dtype = _output_dtype(x.dtype, None if weight is None else weight.dtype, casting)
     y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     h = torch.empty_like(residual, memory_format=torch.contiguous_format) if residual is not None else \
@@ -145,9 +188,29 @@ def _rms_norm_fused_fake(x, residual, normalized_shape, weight=None, eps=None, w
     return y, h, rstd
 
 
+@torch.library.register_fake("baracuda::rms_norm_fused")
+def _rms_norm_fused_fake(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0, casting="torch"):
+    return _forward_fake("rms_norm_fused", x, residual, normalized_shape, weight, casting)
+
+
 @torch.library.register_fake("baracuda::rms_norm_fused.out")
 def _rms_norm_fused_out_fake(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0,
                              casting="torch", *, output, residual_out, rstd):
+    return None
+
+
+@torch.library.register_fake("baracuda::rms_norm_quant")
+def _rms_norm_quant_fake(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0, casting="torch",
+                         scale=None):
+    _, h, rstd = _forward_fake("rms_norm_quant", x, residual, normalized_shape, weight, casting)
+    q = torch.empty_like(x, dtype=torch.float8_e4m3fn, memory_format=torch.contiguous_format)
+    row_scale = x.new_empty([0], dtype=torch.float32) if scale is not None else rstd.to(torch.float32)
+    return q, h, row_scale
+
+
+@torch.library.register_fake("baracuda::rms_norm_quant.out")
+def _rms_norm_quant_out_fake(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0,
+                             casting="torch", scale=None, *, output, residual_out, scale_out):
     return None
 
 
@@ -232,6 +295,26 @@ def _rms_norm_fused_vmap(info, in_dims, x, residual, normalized_shape, weight=No
     if residual is None:  # the empty residual_out, one per sample
         h = h.expand(n, *h.shape)
     return (y, h, rstd), (0, 0, 0)
+
+
+@torch.library.register_vmap("baracuda::rms_norm_quant")
+def _rms_norm_quant_vmap(info, in_dims, x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0,
+                         casting="torch", scale=None):
+    in_dims = arg_dims(in_dims, 8)
+    op = torch.ops.baracuda.rms_norm_quant.default
+    if in_dims[3] is not None or in_dims[7] is not None or (in_dims[0] is None and in_dims[1] is None):
+        return per_sample(op, info.batch_size, in_dims, x, residual, normalized_shape, weight, eps, weight_offset,
+                          casting, scale)
+    _check_dims("rms_norm_quant", sample_meta(x, in_dims[0]).shape, normalized_shape)
+    n = info.batch_size
+    x = batch_first(x, in_dims[0], n)
+    residual = batch_first(residual, in_dims[1], n)
+    q, h, row_scale = op(x, residual, normalized_shape, weight, eps, weight_offset, casting, scale)
+    if residual is None:  # the empty residual_out, one per sample
+        h = h.expand(n, *h.shape)
+    if scale is not None:  # the empty scale_out, one per sample
+        row_scale = row_scale.expand(n, *row_scale.shape)
+    return (q, h, row_scale), (0, 0, 0)
 
 
 @torch.library.register_vmap("baracuda::rms_norm_fused_backward")

@@ -39,15 +39,15 @@ acc_t dot(const acc_t* a, const acc_t* b, int64_t N) {
 }
 
 // Per row: h = R(x + r) written to h_out (with a residual; else h = x), rstd = 1 / sqrt(mean(h^2) + eps),
-// y = fused_output(h, rstd, wo).
-template <typename T, typename R, typename W, typename OutT, typename acc_t>
-void forward_rows(const T* x, const R* res, const W* w, OutT* y, R* h_out, acc_t* rstd, FusedRows s, acc_t eps,
-                  acc_t offset, bool llama) {
+// then emit(row, h as acc_t, rstd, wo's row or nullptr, a scratch row) writes the row's outputs.
+template <typename T, typename R, typename W, typename acc_t, typename Emit>
+void norm_rows(const T* x, const R* res, const W* w, R* h_out, FusedRows s, acc_t eps, acc_t offset,
+               const Emit& emit) {
   const std::vector<acc_t> wo = offset_weight<acc_t>(w, s.H * s.N, offset);
   const int64_t N = s.N;
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
   at::parallel_for(0, s.M, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> x_buf, h_buf(res != nullptr ? N : 0);
+    std::vector<acc_t> x_buf, h_buf(res != nullptr ? N : 0), scratch;
     cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto) {
       for (int64_t row = begin; row < end; ++row) {
         const acc_t* ha;
@@ -64,13 +64,51 @@ void forward_rows(const T* x, const R* res, const W* w, OutT* y, R* h_out, acc_t
           ha = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
         }
         const acc_t r = acc_t(1) / std::sqrt(dot(ha, ha, N) / static_cast<acc_t>(N) + eps);
-        rstd[row] = r;
-        OutT* yr = y + row * N;
-        const acc_t* wr = wo.empty() ? nullptr : wo.data() + (row % s.H) * N;
-        for (int64_t j = 0; j < N; ++j) yr[j] = fused_output<OutT, T>(ha[j], r, wr ? wr[j] : acc_t(1), llama);
+        emit(row, ha, r, wo.empty() ? nullptr : wo.data() + (row % s.H) * N, scratch);
       }
     });
   });
+}
+
+// y = fused_output(h, rstd, wo), and rstd.
+template <typename T, typename R, typename W, typename OutT, typename acc_t>
+void forward_rows(const T* x, const R* res, const W* w, OutT* y, R* h_out, acc_t* rstd, FusedRows s, acc_t eps,
+                  acc_t offset, bool llama) {
+  const int64_t N = s.N;
+  norm_rows<T, R, W>(x, res, w, h_out, s, eps, offset,
+                     [=](int64_t row, const acc_t* ha, acc_t r, const acc_t* wr, std::vector<acc_t>&) {
+                       rstd[row] = r;
+                       OutT* yr = y + row * N;
+                       for (int64_t j = 0; j < N; ++j) {
+                         yr[j] = fused_output<OutT, T>(ha[j], r, wr ? wr[j] : acc_t(1), llama);
+                       }
+                     });
+}
+
+// q = fp8_quantize(y, scale) with y = OutT(fused_output(h, rstd, wo)) and scale = *static_scale, or
+// per row fp8_row_scale(max |y|) written to row_scale.
+template <typename T, typename R, typename W, typename OutT, typename acc_t>
+void quant_rows(const T* x, const R* res, const W* w, c10::Float8_e4m3fn* q, R* h_out, const float* static_scale,
+                float* row_scale, FusedRows s, acc_t eps, acc_t offset, bool llama) {
+  const int64_t N = s.N;
+  norm_rows<T, R, W>(x, res, w, h_out, s, eps, offset,
+                     [=](int64_t row, const acc_t* ha, acc_t r, const acc_t* wr, std::vector<acc_t>& y) {
+                       y.resize(N);
+                       acc_t amax = 0;
+                       for (int64_t j = 0; j < N; ++j) {
+                         y[j] = static_cast<acc_t>(fused_output<OutT, T>(ha[j], r, wr ? wr[j] : acc_t(1), llama));
+                         amax = fp8_amax(amax, y[j]);
+                       }
+                       float scale;
+                       if (static_scale != nullptr) {
+                         scale = *static_scale;
+                       } else {
+                         scale = fp8_row_scale(amax);
+                         row_scale[row] = scale;
+                       }
+                       c10::Float8_e4m3fn* qr = q + row * N;
+                       for (int64_t j = 0; j < N; ++j) qr[j] = fp8_quantize(y[j], scale);
+                     });
 }
 
 // Per row, with g = dy * wo and s = sum(g * h):
@@ -135,7 +173,7 @@ void rms_norm_fused_out_cpu(const at::Tensor& input, const std::optional<at::Ten
                             std::optional<double> eps, double weight_offset, c10::string_view casting_name,
                             const at::Tensor& output, const at::Tensor& residual_out, const at::Tensor& rstd) {
   const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  const auto rows = check_rms_norm_fused(input, residual, normalized_shape, weight, weight_offset);
+  const auto rows = check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
   check_fused_forward_outputs(input, residual, normalized_shape, weight, casting, output, residual_out, rstd);
   if (rows.M == 0) return;
   const auto x = input.contiguous();
@@ -164,14 +202,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cpu(
     const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
     c10::string_view casting_name) {
   const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  check_rms_norm_fused(input, residual, normalized_shape, weight, weight_offset);
-  auto output = at::empty(input.sizes(), input.options().dtype(fused_output_dtype(input.scalar_type(), weight, casting)));
-  auto residual_out = has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
+  check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
+  auto output =
+      at::empty(input.sizes(), input.options().dtype(fused_output_dtype(input.scalar_type(), weight, casting)));
+  auto residual_out =
+      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
   auto rstd = at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
                         input.options().dtype(rms_acc_dtype(input.scalar_type())));
   rms_norm_fused_out_cpu(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
                          residual_out, rstd);
   return {output, residual_out, rstd};
+}
+
+void rms_norm_quant_out_cpu(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                            at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                            std::optional<double> eps, double weight_offset, c10::string_view casting_name,
+                            const std::optional<at::Tensor>& scale, const at::Tensor& output,
+                            const at::Tensor& residual_out, const at::Tensor& scale_out) {
+  const Casting casting = parse_casting(kRmsNormQuantOp, casting_name);
+  const auto rows = check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
+  if (has_tensor(scale)) check_fp8_scale(kRmsNormQuantOp, input, *scale);
+  check_quant_outputs(input, residual, normalized_shape, !has_tensor(scale), output, residual_out, scale_out);
+  if (rows.M == 0) return;
+  const auto x = input.contiguous();
+  const auto r = has_tensor(residual) ? residual->contiguous() : at::Tensor();
+  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
+  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
+  const auto out_dtype = fused_output_dtype(input.scalar_type(), weight, casting);
+  dispatch_fused_types(input.scalar_type(), r.defined() && r.scalar_type() != input.scalar_type(),
+                       w.defined() && w.scalar_type() != input.scalar_type(), out_dtype != input.scalar_type(),
+                       [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
+    using T = decltype(t);
+    using R = decltype(r_tag);
+    using W = decltype(w_tag);
+    using OutT = decltype(o_tag);
+    using acc_t = at::opmath_type<T>;
+    quant_rows<T, R, W, OutT, acc_t>(x.const_data_ptr<T>(), r.defined() ? r.const_data_ptr<R>() : nullptr,
+                                     w.defined() ? w.const_data_ptr<W>() : nullptr,
+                                     output.mutable_data_ptr<c10::Float8_e4m3fn>(),
+                                     r.defined() ? residual_out.mutable_data_ptr<R>() : nullptr,
+                                     has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr,
+                                     has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>(), rows,
+                                     static_cast<acc_t>(e), static_cast<acc_t>(weight_offset),
+                                     casting == Casting::kLlama);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cpu(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+    c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
+  parse_casting(kRmsNormQuantOp, casting_name);
+  check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
+  auto output = at::empty(input.sizes(), input.options().dtype(at::kFloat8_e4m3fn));
+  auto residual_out =
+      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
+  auto scale_out = has_tensor(scale) ? at::empty({0}, input.options().dtype(at::kFloat))
+                                     : at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
+                                                 input.options().dtype(at::kFloat));
+  rms_norm_quant_out_cpu(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
+                         residual_out, scale_out);
+  return {output, residual_out, scale_out};
 }
 
 void rms_norm_fused_backward_out_cpu(const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out,
@@ -243,6 +334,7 @@ KernelChoice rms_norm_fused_backward_choice(c10::IntArrayRef, c10::ScalarType) {
 }
 
 BARACUDA_REGISTER_VARIANT("rms_norm_fused", c10::DeviceType::CPU, rms_norm_fused_choice);
+BARACUDA_REGISTER_VARIANT("rms_norm_quant", c10::DeviceType::CPU, rms_norm_fused_choice);
 BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CPU, rms_norm_fused_backward_choice);
 
 }  // namespace
@@ -251,6 +343,8 @@ BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CPU, rms_n
 TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
   m.impl("rms_norm_fused", &baracuda::rms_norm_fused_cpu);
   m.impl("rms_norm_fused.out", &baracuda::rms_norm_fused_out_cpu);
+  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_cpu);
+  m.impl("rms_norm_quant.out", &baracuda::rms_norm_quant_out_cpu);
   m.impl("rms_norm_fused_backward", &baracuda::rms_norm_fused_backward_cpu);
   m.impl("rms_norm_fused_backward.out", &baracuda::rms_norm_fused_backward_out_cpu);
 }

@@ -1,6 +1,6 @@
 // rms_norm_fused family, CUDA kernels (the math: baracuda/rms_norm_fused.h).
 //
-// Forward: one CTA per row (a grid-stride loop over rows). Pass 1 reads x (and r),
+// Forward (and rms_norm_quant): one CTA per row (a grid-stride loop over rows). Pass 1 reads x (and r),
 // writes h = R(x + r) and sums h^2 as stored; a fixed-order block reduction gives
 // rstd; pass 2 reads h back (each thread its own elements, just written) and
 // writes y. Floor: read x, r, w, write y, h, rstd.
@@ -74,6 +74,45 @@ std::string backward_variant(const FusedChoice& c) {
 // ---------------------------------------------------------------------------
 // Kernels.
 
+// Pass 1 of a row: h = R(x + r) written to h_out (with a residual), and rstd = 1 / sqrt(mean(h^2) + eps)
+// of h as stored, for every thread of the CTA.
+template <typename T, typename R, typename AccT>
+__device__ __forceinline__ AccT row_rstd(const T* __restrict__ x, const R* __restrict__ res, R* h_out, int64_t base,
+                                         int64_t N, AccT eps, cuda::BlockSumScratch<AccT>& scratch) {
+  AccT ss = 0;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+    AccT v;
+    if (res != nullptr) {
+      const R hv = static_cast<R>(static_cast<AccT>(x[base + j]) + static_cast<AccT>(res[base + j]));
+      h_out[base + j] = hv;
+      v = static_cast<AccT>(hv);
+    } else {
+      v = static_cast<AccT>(x[base + j]);
+    }
+    ss += v * v;
+  }
+  return AccT(1) / ::sqrt(cuda::block_sum(ss, scratch) / static_cast<AccT>(N) + eps);
+}
+
+// Element i of h in a later pass: read back from h_out (written by this same thread in pass 1), or x.
+template <typename T, typename R, typename AccT>
+__device__ __forceinline__ AccT h_at(const T* __restrict__ x, const R* h_out, bool has_res, int64_t i) {
+  return has_res ? static_cast<AccT>(h_out[i]) : static_cast<AccT>(x[i]);
+}
+
+// Max across the block (the order does not matter); every thread receives it. Ends with a barrier.
+template <typename AccT>
+__device__ __forceinline__ AccT block_max(AccT v, cuda::BlockSumScratch<AccT>& scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fp8_amax(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (threadIdx.x % 32 == 0) scratch.warp[threadIdx.x / 32] = v;
+  __syncthreads();
+  const int num_warps = (blockDim.x + 31) / 32;
+  for (int k = 0; k < num_warps; ++k) v = fp8_amax(v, scratch.warp[k]);
+  __syncthreads();
+  return v;
+}
+
 template <typename T, typename R, typename W, typename OutT, typename AccT>
 __global__ void __launch_bounds__(kMaxThreads)
     fused_forward_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
@@ -83,25 +122,43 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t N = s.N;
   for (int64_t row = blockIdx.x; row < s.M; row += gridDim.x) {
     const int64_t base = row * N;
-    AccT ss = 0;
-    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
-      AccT v;
-      if (res != nullptr) {
-        const R hv = static_cast<R>(static_cast<AccT>(x[base + j]) + static_cast<AccT>(res[base + j]));
-        h_out[base + j] = hv;
-        v = static_cast<AccT>(hv);
-      } else {
-        v = static_cast<AccT>(x[base + j]);
-      }
-      ss += v * v;
-    }
-    const AccT r = AccT(1) / ::sqrt(cuda::block_sum(ss, scratch) / static_cast<AccT>(N) + eps);
+    const AccT r = row_rstd(x, res, h_out, base, N, eps, scratch);
     if (threadIdx.x == 0) rstd[row] = r;
     const W* wr = w != nullptr ? w + (row % s.H) * N : nullptr;
     for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
-      const AccT v = res != nullptr ? static_cast<AccT>(h_out[base + j]) : static_cast<AccT>(x[base + j]);
+      const AccT v = h_at<T, R, AccT>(x, h_out, res != nullptr, base + j);
       y[base + j] = fused_output<OutT, T>(v, r, fused_weight<W, AccT>(wr, j, offset), llama);
     }
+  }
+}
+
+// rms_norm_quant: as the forward, then (dynamic scale) a pass for max|y| and the CTA's max, and a
+// pass writing q = fp8_quantize(y, scale).
+template <typename T, typename R, typename W, typename OutT, typename AccT>
+__global__ void __launch_bounds__(kMaxThreads)
+    quant_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
+                 c10::Float8_e4m3fn* __restrict__ q, R* h_out, const float* __restrict__ static_scale,
+                 float* __restrict__ row_scale, FusedRows s, AccT eps, AccT offset, bool llama) {
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  const int64_t N = s.N;
+  for (int64_t row = blockIdx.x; row < s.M; row += gridDim.x) {
+    const int64_t base = row * N;
+    const AccT r = row_rstd(x, res, h_out, base, N, eps, scratch);
+    const W* wr = w != nullptr ? w + (row % s.H) * N : nullptr;
+    auto y_at = [&](int64_t j) {
+      const AccT v = h_at<T, R, AccT>(x, h_out, res != nullptr, base + j);
+      return static_cast<AccT>(fused_output<OutT, T>(v, r, fused_weight<W, AccT>(wr, j, offset), llama));
+    };
+    float scale;
+    if (static_scale != nullptr) {
+      scale = *static_scale;
+    } else {
+      AccT amax = 0;
+      for (int64_t j = threadIdx.x; j < N; j += blockDim.x) amax = fp8_amax(amax, y_at(j));
+      scale = fp8_row_scale(block_max(amax, scratch));
+      if (threadIdx.x == 0) row_scale[row] = scale;
+    }
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) q[base + j] = fp8_quantize(y_at(j), scale);
   }
 }
 
@@ -172,7 +229,7 @@ void rms_norm_fused_out_cuda(const at::Tensor& input, const std::optional<at::Te
                              std::optional<double> eps, double weight_offset, c10::string_view casting_name,
                              const at::Tensor& output, const at::Tensor& residual_out, const at::Tensor& rstd) {
   const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  const auto rows = check_rms_norm_fused(input, residual, normalized_shape, weight, weight_offset);
+  const auto rows = check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
   check_fused_forward_outputs(input, residual, normalized_shape, weight, casting, output, residual_out, rstd);
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
@@ -204,7 +261,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cuda(
     const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
     c10::string_view casting_name) {
   const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  check_rms_norm_fused(input, residual, normalized_shape, weight, weight_offset);
+  check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
   auto output =
       at::empty(input.sizes(), input.options().dtype(fused_output_dtype(input.scalar_type(), weight, casting)));
   auto residual_out =
@@ -214,6 +271,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cuda(
   rms_norm_fused_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
                           residual_out, rstd);
   return {output, residual_out, rstd};
+}
+
+void rms_norm_quant_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                             std::optional<double> eps, double weight_offset, c10::string_view casting_name,
+                             const std::optional<at::Tensor>& scale, const at::Tensor& output,
+                             const at::Tensor& residual_out, const at::Tensor& scale_out) {
+  const Casting casting = parse_casting(kRmsNormQuantOp, casting_name);
+  const auto rows = check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
+  if (has_tensor(scale)) check_fp8_scale(kRmsNormQuantOp, input, *scale);
+  check_quant_outputs(input, residual, normalized_shape, !has_tensor(scale), output, residual_out, scale_out);
+  if (rows.M == 0) return;
+  const c10::cuda::CUDAGuard guard(input.device());
+  const auto x = input.contiguous();
+  const auto r = has_tensor(residual) ? residual->contiguous() : at::Tensor();
+  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
+  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
+  const auto out_dtype = fused_output_dtype(input.scalar_type(), weight, casting);
+  const FusedChoice c = choose_forward(rows);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_fused_types(input.scalar_type(), r.defined() && r.scalar_type() != input.scalar_type(),
+                       w.defined() && w.scalar_type() != input.scalar_type(), out_dtype != input.scalar_type(),
+                       [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
+    using T = decltype(t);
+    using R = decltype(r_tag);
+    using W = decltype(w_tag);
+    using OutT = decltype(o_tag);
+    using AccT = at::opmath_type<T>;
+    quant_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(
+        x.const_data_ptr<T>(), r.defined() ? r.const_data_ptr<R>() : nullptr,
+        w.defined() ? w.const_data_ptr<W>() : nullptr, output.mutable_data_ptr<c10::Float8_e4m3fn>(),
+        r.defined() ? residual_out.mutable_data_ptr<R>() : nullptr,
+        has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr,
+        has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>(), rows, static_cast<AccT>(e),
+        static_cast<AccT>(weight_offset), casting == Casting::kLlama);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cuda(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+    c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
+  parse_casting(kRmsNormQuantOp, casting_name);
+  check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
+  auto output = at::empty(input.sizes(), input.options().dtype(at::kFloat8_e4m3fn));
+  auto residual_out =
+      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
+  auto scale_out = has_tensor(scale) ? at::empty({0}, input.options().dtype(at::kFloat))
+                                     : at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
+                                                 input.options().dtype(at::kFloat));
+  rms_norm_quant_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
+                          residual_out, scale_out);
+  return {output, residual_out, scale_out};
 }
 
 int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
@@ -306,6 +417,7 @@ KernelChoice rms_norm_fused_backward_choice(c10::IntArrayRef p, c10::ScalarType 
 }
 
 BARACUDA_REGISTER_VARIANT("rms_norm_fused", c10::DeviceType::CUDA, rms_norm_fused_choice);
+BARACUDA_REGISTER_VARIANT("rms_norm_quant", c10::DeviceType::CUDA, rms_norm_fused_choice);
 BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CUDA, rms_norm_fused_backward_choice);
 
 }  // namespace
@@ -314,6 +426,8 @@ BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CUDA, rms_
 TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
   m.impl("rms_norm_fused", &baracuda::rms_norm_fused_cuda);
   m.impl("rms_norm_fused.out", &baracuda::rms_norm_fused_out_cuda);
+  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_cuda);
+  m.impl("rms_norm_quant.out", &baracuda::rms_norm_quant_out_cuda);
   m.impl("rms_norm_fused_backward", &baracuda::rms_norm_fused_backward_cuda);
   m.impl("rms_norm_fused_backward.out", &baracuda::rms_norm_fused_backward_out_cuda);
 }

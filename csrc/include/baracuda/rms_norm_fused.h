@@ -24,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
 
@@ -107,11 +108,10 @@ inline c10::ScalarType fused_output_dtype(c10::ScalarType input, const std::opti
   return input;
 }
 
-// Forward inputs; returns the row view.
-inline FusedRows check_rms_norm_fused(const at::Tensor& input, const std::optional<at::Tensor>& residual,
-                                      c10::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-                                      double weight_offset) {
-  const char* op = kRmsNormFusedOp;
+// Forward inputs (of rms_norm_fused, or of rms_norm_quant: op names the one); returns the row view.
+inline FusedRows check_rms_norm_fused(const char* op, const at::Tensor& input,
+                                      const std::optional<at::Tensor>& residual, c10::IntArrayRef normalized_shape,
+                                      const std::optional<at::Tensor>& weight, double weight_offset) {
   check_floating(op, "input", input);
   const auto rows = rms_row_shape(op, input.sizes(), normalized_shape);
   if (has_tensor(residual)) check_fused_residual(op, input, *residual);
@@ -186,6 +186,68 @@ inline void check_fused_forward_outputs(const at::Tensor& input, const std::opti
   check_fused_out_contiguous(op, "output", output);
   check_fused_out_contiguous(op, "residual_out", residual_out);
   check_fused_out_contiguous(op, "rstd", rstd);
+}
+
+// ---------------------------------------------------------------------------
+// rms_norm_quant: the forward's y quantized to float8_e4m3fn,
+//   q = fp8(clamp(y / scale, -448, 448))   (y rounded to the output dtype first; NaN stays NaN)
+// with scale a float32 tensor of one element (static, per tensor), or per row
+// max|y| / 448 rounded to float32 (1 for a row of zeros), returned in scale_out
+// (shape of rstd; an empty [0] tensor with a static scale). The division runs in
+// acc_t, as PyTorch divides y by a float32 scale.
+
+constexpr const char* kRmsNormQuantOp = "baracuda::rms_norm_quant";
+constexpr float kFp8E4m3Max = 448.f;
+
+// A static scale: float32, one element, on the input's device; its value (finite, > 0) is
+// checked here for a CPU tensor only: reading a CUDA tensor's value would sync with the host
+// (baracuda_ops.rms_norm_quant checks it before calling the op).
+inline void check_fp8_scale(const char* op, const at::Tensor& input, const at::Tensor& scale) {
+  check_same_device(op, "input", input, "scale", scale);
+  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, op, ": scale dtype ", scale.scalar_type(),
+                   " != expected Float");
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must have 1 element (a per-tensor scale), got shape ",
+                    shape_str(scale.sizes()));
+  if (scale.device().is_cpu()) {
+    const float v = *scale.const_data_ptr<float>();
+    TORCH_CHECK_VALUE(std::isfinite(v) && v > 0.f, op, ": scale must be finite and > 0, got ", v);
+  }
+}
+
+inline void check_quant_outputs(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                                c10::IntArrayRef normalized_shape, bool dynamic, const at::Tensor& output,
+                                const at::Tensor& residual_out, const at::Tensor& scale_out) {
+  const char* op = kRmsNormQuantOp;
+  check_out(op, "output", output, input.sizes(), at::kFloat8_e4m3fn, input.device());
+  if (has_tensor(residual)) {
+    check_out(op, "residual_out", residual_out, input.sizes(), residual->scalar_type(), input.device());
+  }
+  if (dynamic) {
+    check_out(op, "scale_out", scale_out, rms_rstd_shape(input.sizes(), normalized_shape.size()), at::kFloat,
+              input.device());
+  }
+  check_fused_out_contiguous(op, "output", output);
+  check_fused_out_contiguous(op, "residual_out", residual_out);
+  check_fused_out_contiguous(op, "scale_out", scale_out);
+}
+
+template <typename acc_t>
+C10_HOST_DEVICE inline acc_t fp8_amax(acc_t amax, acc_t y) {
+  const acc_t a = y < acc_t(0) ? -y : y;
+  return a > amax ? a : amax;
+}
+
+template <typename acc_t>
+C10_HOST_DEVICE inline float fp8_row_scale(acc_t amax) {
+  return amax > acc_t(0) ? static_cast<float>(amax / acc_t(kFp8E4m3Max)) : 1.f;
+}
+
+template <typename acc_t>
+C10_HOST_DEVICE inline c10::Float8_e4m3fn fp8_quantize(acc_t y, float scale) {
+  constexpr acc_t kMax = kFp8E4m3Max;
+  acc_t v = y / static_cast<acc_t>(scale);
+  v = v < -kMax ? -kMax : (v > kMax ? kMax : v);
+  return c10::Float8_e4m3fn(static_cast<float>(v));
 }
 
 // The backward's outputs that output_mask asks for (grad_weight only with a weight).
