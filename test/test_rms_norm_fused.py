@@ -5,7 +5,7 @@ import torch
 from expecttest import TestCase
 
 import baracuda_ops
-from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_export_matches_eager,
+from helpers import (FLOAT_DTYPES, OPCHECK_UTILS, assert_close, check_compile_matches_eager, check_export_matches_eager,
                      check_vmap_matches_per_sample, opcheck, poison, random)
 
 HALF = (torch.float16, torch.bfloat16)
@@ -567,8 +567,12 @@ def test_quant_opcheck_compile_and_vmap(device):
         opcheck(torch.ops.baracuda.rms_norm_quant.default, args)
     out = [torch.empty(3, 4, 8, dtype=torch.float8_e4m3fn, device=device), torch.empty(3, 4, 8, device=device),
            torch.empty(3, 4, 1, device=device)]
-    opcheck(torch.ops.baracuda.rms_norm_quant.out, (x, r, [8], w, None, 0.0, "llama", None),
-            {"output": out[0], "residual_out": out[1], "scale_out": out[2]})
+    # test_schema compares a mutated argument before and after with torch.allclose, which has no
+    # float8 kernel: the out-variant runs the other three utils
+    result = torch.library.opcheck(torch.ops.baracuda.rms_norm_quant.out, (x, r, [8], w, None, 0.0, "llama", None),
+                                   {"output": out[0], "residual_out": out[1], "scale_out": out[2]},
+                                   test_utils=OPCHECK_UTILS[1:], raise_exception=True)
+    assert all(v == "SUCCESS" for v in result.values()), result
 
     def fn(x, r, w):
         q, scale, h = baracuda_ops.rms_norm_quant(x, 8, w, residual=r)
@@ -594,20 +598,20 @@ class TestRmsNormQuantMessages(TestCase):
         self.assertExpectedRaisesInline(
             ValueError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
                                                                   torch.tensor([-2.0])),
-            """""")
+            """baracuda::rms_norm_quant: scale must be finite and > 0, got -2""")
 
     def test_scale_shape_and_dtype(self):
         x = torch.randn(2, 8)
         self.assertExpectedRaisesInline(
             ValueError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
-                                                                  torch.ones(2)), """""")
+                                                                  torch.ones(2)), """baracuda::rms_norm_quant: scale must have 1 element (a per-tensor scale), got shape [2]""")
         self.assertExpectedRaisesInline(
             TypeError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
-                                                                 torch.ones(1, dtype=torch.float64)), """""")
+                                                                 torch.ones(1, dtype=torch.float64)), """baracuda::rms_norm_quant: scale dtype Double != expected Float""")
 
     def test_out_dtype(self):
         self.assertExpectedRaisesInline(
-            TypeError, lambda: baracuda_ops.rms_norm_quant(torch.randn(2, 8), 8, out_dtype=torch.float8_e5m2), """""")
+            TypeError, lambda: baracuda_ops.rms_norm_quant(torch.randn(2, 8), 8, out_dtype=torch.float8_e5m2), """baracuda::rms_norm_quant: out_dtype must be torch.float8_e4m3fn, got torch.float8_e5m2""")
 
     def test_nothing_written_on_error(self):
         x = torch.randn(3, 8)
@@ -615,7 +619,7 @@ class TestRmsNormQuantMessages(TestCase):
         self.assertExpectedRaisesInline(
             ValueError, lambda: torch.ops.baracuda.rms_norm_quant.out(
                 x, None, [8], None, None, 0.0, "torch", torch.tensor([float("nan")]), output=q,
-                residual_out=torch.empty(0), scale_out=torch.empty(0)), """""")
+                residual_out=torch.empty(0), scale_out=torch.empty(0)), """baracuda::rms_norm_quant: scale must be finite and > 0, got nan""")
         assert (q.float() == 1).all()
 
 
