@@ -188,6 +188,33 @@ def test_bit_identical_twice(device, dtype):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_cpu_same_bits_on_one_and_several_threads():
+    # Row sums and the dW chunks are fixed by the shape alone (the per-head dW: chunks of whole
+    # weight periods), so every output is the same whatever the thread count.
+    x = random((96, 4, 256), torch.bfloat16, "cpu")
+    r = random((96, 4, 256), torch.float32, "cpu")
+    w = random((4, 256), torch.float32, "cpu")
+
+    def run():
+        y, h, rstd = torch.ops.baracuda.rms_norm_fused(x, r, [256], w, None, 1.0, "llama")
+        g = torch.linspace(-1, 1, y.numel()).view_as(y).to(y.dtype)
+        grads = torch.ops.baracuda.rms_norm_fused_backward(g, h, h, [256], rstd, w, 1.0, "llama", x.dtype,
+                                                           [True, True, True])
+        q, _, scale = torch.ops.baracuda.rms_norm_quant(x, r, [256], w, None, 1.0, "llama", None)
+        return [y, h, rstd, *grads, q, scale]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(4)
+        several = run()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, several, strict=True):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
 def test_zero_size(device):
     x = random((0, 4, 8), torch.float32, device, requires_grad=True)
     w = random((4, 8), torch.float32, device, requires_grad=True)
