@@ -135,3 +135,80 @@ class ALiBi(torch.nn.Module):
 
 
 # (alibi modules end)
+
+# ---------------------------------------------------------------------------- rms_norm_fused
+
+from .ops.rms_norm_fused import rms_norm_fused as _rms_norm_fused  # noqa: E402
+
+__all__ += ["LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "GemmaRMSNorm", "Gemma3RMSNorm"]
+
+
+class _HFRMSNorm(torch.nn.Module):
+    """Common part of the Hugging Face drop-ins: the last dim normalized by
+    ``baracuda_ops.rms_norm_fused`` with the class's casting mode and weight offset. ``forward``
+    also takes a ``residual``: then ``h = hidden_states + residual`` is normalized in the same
+    pass and ``(y, h)`` returned (the pre-norm block's residual stream)."""
+
+    _casting = "llama"
+    _weight_offset = 0.0
+
+    def _norm(self, hidden_states: torch.Tensor, eps: float, residual: torch.Tensor | None):
+        return _rms_norm_fused(hidden_states, (self.weight.shape[-1],), self.weight, eps, residual=residual,
+                               weight_offset=self._weight_offset, casting=self._casting)
+
+
+class LlamaRMSNorm(_HFRMSNorm):
+    """Drop-in for ``transformers``' ``LlamaRMSNorm`` (same constructor, ``weight`` initialised to
+    ones, ``variance_epsilon``, state_dict): x-hat in float32 rounded to the input dtype, times
+    the weight with PyTorch's type promotion (casting="llama")."""
+
+    def __init__(self, hidden_size, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None):
+        return self._norm(hidden_states, self.variance_epsilon, residual)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class Qwen2RMSNorm(LlamaRMSNorm):
+    """Drop-in for ``transformers``' ``Qwen2RMSNorm`` (the arithmetic of ``LlamaRMSNorm``)."""
+
+
+class Qwen3RMSNorm(LlamaRMSNorm):
+    """Drop-in for ``transformers``' ``Qwen3RMSNorm`` (the arithmetic of ``LlamaRMSNorm``; also its
+    q_norm / k_norm over the head dim)."""
+
+
+class MistralRMSNorm(LlamaRMSNorm):
+    """Drop-in for ``transformers``' ``MistralRMSNorm`` (the arithmetic of ``LlamaRMSNorm``)."""
+
+
+class GemmaRMSNorm(_HFRMSNorm):
+    """Drop-in for ``transformers``' ``GemmaRMSNorm`` (same constructor, ``weight`` initialised to
+    zeros, ``eps``, state_dict): ``x_hat * (1 + weight)`` all in float32, cast to the input dtype at
+    the end (casting="gemma", weight_offset=1.0)."""
+
+    _casting = "gemma"
+    _weight_offset = 1.0
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self._norm(x, self.eps, residual)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class Gemma3RMSNorm(GemmaRMSNorm):
+    """Drop-in for ``transformers``' ``Gemma3RMSNorm`` (the arithmetic of ``GemmaRMSNorm``)."""
+
+
+# (rms_norm_fused modules end)

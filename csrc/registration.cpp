@@ -99,6 +99,38 @@ TORCH_LIBRARY(baracuda, m) {
       "bool[2] output_mask, *, Tensor(a!) grad_input, Tensor(b!) grad_weight, Tensor(c!) workspace) -> ()");
   // (rms_norm schemas end)
 
+  // rms_norm_fused: residual add, weight offset, per-head weight, Hugging Face casting
+  // (baracuda/rms_norm_fused.h). residual_out is h = input + residual in the residual's dtype,
+  // an empty [0] tensor without a residual. casting: "torch", "llama" or "gemma".
+  m.def(
+      "rms_norm_fused(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, "
+      "float? eps=None, float weight_offset=0., str casting=\"torch\") -> "
+      "(Tensor output, Tensor residual_out, Tensor rstd)");
+  m.def(
+      "rms_norm_fused.out(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, "
+      "float? eps=None, float weight_offset=0., str casting=\"torch\", *, Tensor(a!) output, "
+      "Tensor(b!) residual_out, Tensor(c!) rstd) -> ()");
+  // h: residual_out, or the input without a residual; output_mask: grad_input, grad_residual, grad_weight.
+  m.def(
+      "rms_norm_fused_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, "
+      "Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask) "
+      "-> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)");
+  m.def(
+      "rms_norm_fused_backward.out(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, "
+      "Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask, "
+      "*, Tensor(a!) grad_input, Tensor(b!) grad_residual, Tensor(c!) grad_weight, Tensor(d!) workspace) -> ()");
+  // rms_norm_quant: rms_norm_fused's y as float8_e4m3fn, y / scale saturated to +-448; scale: a float32
+  // tensor of one element, or None for a scale per row (max|y| / 448), returned in scale_out (else [0]).
+  m.def(
+      "rms_norm_quant(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, "
+      "float? eps=None, float weight_offset=0., str casting=\"torch\", Tensor? scale=None) -> "
+      "(Tensor output, Tensor residual_out, Tensor scale_out)");
+  m.def(
+      "rms_norm_quant.out(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, "
+      "float? eps=None, float weight_offset=0., str casting=\"torch\", Tensor? scale=None, *, Tensor(a!) output, "
+      "Tensor(b!) residual_out, Tensor(c!) scale_out) -> ()");
+  // (rms_norm_fused schemas end)
+
   // embedding_bag
   // bag_mode: 0 sum, 1 mean, 2 max; padding_idx: -1 none, else in [0, num_embeddings).
   // offsets: None exactly when indices is 2-D [num_bags, bag_length]. max_positions: [B, D] in

@@ -1,0 +1,657 @@
+import itertools
+
+import pytest
+import torch
+from expecttest import TestCase
+
+import baracuda_ops
+from helpers import (FLOAT_DTYPES, OPCHECK_UTILS, assert_close, check_compile_matches_eager, check_export_matches_eager,
+                     check_vmap_matches_per_sample, opcheck, poison, random)
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _acc(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _reference(x, residual, ns, weight, eps, offset=0.0, casting="torch"):
+    """(y, h) from plain ops: h = input + residual rounded to the residual's dtype (the kernel's
+    own rounding, so compared exactly), y in float64 from h as stored (llama: x-hat rounded to
+    the input dtype first)."""
+    if eps is None:
+        eps = torch.finfo(_acc(x.dtype)).eps
+    h = x if residual is None else (x.to(_acc(x.dtype)) + residual.to(_acc(x.dtype))).to(residual.dtype)
+    dims = tuple(range(h.dim() - len(ns), h.dim()))
+    hd = h.double()
+    xhat = hd * torch.rsqrt(hd.pow(2).mean(dims, keepdim=True) + eps)
+    if casting == "llama":
+        xhat = xhat.to(x.dtype).double()
+    y = xhat if weight is None else xhat * (weight.double() + offset)
+    return y, h
+
+
+def _out_dtype(dtype, weight, casting):
+    return torch.promote_types(dtype, weight.dtype) if casting == "llama" and weight is not None else dtype
+
+
+CASES = [  # (input shape, normalized_shape, weight shape or None)
+    ((6, 32), (32,), (32,)),
+    ((3, 5, 7), (7,), (7,)),
+    ((2, 3, 4, 16), (4, 16), (4, 16)),
+    ((2, 5, 4, 8), (8,), (4, 8)),  # per head
+    ((3, 2, 4, 8), (8,), (2, 4, 8)),  # per head over two dims
+    ((4, 40), (40,), None),
+    ((0, 16), (16,), (16,)),
+]
+
+
+def _weight_dtypes(dtype):
+    return (dtype, torch.float32) if dtype in HALF else (dtype,)
+
+
+def _residual_dtypes(dtype):
+    return (None, dtype, torch.float32) if dtype in HALF else (None, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("casting", ["torch", "llama", "gemma"])
+def test_forward_matches_float64(device, dtype, casting):
+    for (shape, ns, wshape), wdt, rdt, offset in itertools.product(CASES, _weight_dtypes(dtype),
+                                                                   _residual_dtypes(dtype), (0.0, 1.0)):
+        if wshape is None and offset:
+            continue
+        x = random(shape, dtype, device)
+        r = None if rdt is None else random(shape, rdt, device)
+        w = None if wshape is None else random(wshape, wdt, device)
+        y, h, rstd = torch.ops.baracuda.rms_norm_fused(x, r, list(ns), w, None, offset, casting)
+        want_y, want_h = _reference(x, r, ns, w, None, offset, casting)
+        assert y.dtype == _out_dtype(dtype, w, casting) and y.shape == x.shape
+        assert rstd.dtype == _acc(dtype) and rstd.shape == x.shape[: x.dim() - len(ns)] + (1,) * len(ns)
+        if r is None:
+            assert h.shape == (0,)
+        else:
+            assert h.dtype == r.dtype
+            torch.testing.assert_close(h, want_h, rtol=0, atol=0)
+        assert_close(y, want_y, dtype=dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_public_function(device, dtype):
+    x, r = random((4, 24), dtype, device), random((4, 24), dtype, device)
+    w = random((24,), dtype, device)
+    y = baracuda_ops.rms_norm_fused(x, 24, w)
+    torch.testing.assert_close(y, torch.ops.baracuda.rms_norm_fused(x, None, [24], w)[0], rtol=0, atol=0)
+    y, h = baracuda_ops.rms_norm_fused(x, (24,), w, 1e-5, residual=r, weight_offset=0.5, casting="gemma")
+    want_y, want_h = _reference(x, r, (24,), w, 1e-5, 0.5)
+    torch.testing.assert_close(h, want_h, rtol=0, atol=0)
+    assert_close(y, want_y, dtype=dtype, scale=2)
+    if dtype in HALF:  # the residual stream kept in float32
+        y, h = baracuda_ops.rms_norm_fused(x, (24,), w, residual=r, residual_dtype=torch.float32)
+        assert h.dtype == torch.float32 and y.dtype == dtype
+        torch.testing.assert_close(h, x.float() + r.float(), rtol=0, atol=0)
+    # torch casting equals F.rms_norm of h
+    y, h = baracuda_ops.rms_norm_fused(x, (24,), w, residual=r)
+    assert_close(y, torch.nn.functional.rms_norm(h.double(), (24,), w.double(), torch.finfo(_acc(dtype)).eps),
+                 dtype=dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_backward_matches_float64_autograd(device, dtype, casting):
+    for (shape, ns, wshape), wdt, rdt in itertools.product(CASES, _weight_dtypes(dtype), _residual_dtypes(dtype)):
+        offset = 0.0 if wshape is None else 0.75
+        x = random(shape, dtype, device, requires_grad=True)
+        r = None if rdt is None else random(shape, rdt, device, requires_grad=True)
+        w = None if wshape is None else random(wshape, wdt, device, requires_grad=True)
+        leaves = [t for t in (x, r, w) if t is not None]
+        y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, list(ns), w, None, offset, casting)
+        gy = random(y.shape, y.dtype, device)
+        outs, cots = [y], [gy]
+        if r is not None:
+            gh = random(h.shape, h.dtype, device)
+            outs.append(h)
+            cots.append(gh)
+        got = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
+        leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+        x64, r64, w64 = (leaves64.pop(0), leaves64.pop(0) if r is not None else None,
+                         leaves64.pop(0) if w is not None else None)
+        hd = x64 if r64 is None else x64 + r64
+        dims = tuple(range(hd.dim() - len(ns), hd.dim()))
+        yd = hd * torch.rsqrt(hd.pow(2).mean(dims, keepdim=True) + torch.finfo(_acc(dtype)).eps)
+        if w64 is not None:
+            yd = yd * (w64 + offset)
+        want_outs, want_cots = [yd], [gy.double()]
+        if r is not None:
+            want_outs.append(hd)
+            want_cots.append(gh.double())
+        wrt = [t for t in (x64, r64, w64) if t is not None]
+        want = torch.autograd.grad(want_outs, wrt, want_cots)
+        for a, b, leaf in zip(got, want, [t for t in (x, r, w) if t is not None], strict=True):
+            assert a.dtype == leaf.dtype and a.shape == leaf.shape
+            # llama: dW sees x-hat rounded to the input dtype; the float64 reference does not
+            assert_close(a, b, dtype=dtype, scale=8 if casting == "torch" else 16)
+
+
+def test_backward_gradients_of_both_outputs_share_one_tensor(device):
+    x = random((5, 16), torch.float32, device, requires_grad=True)
+    r = random((5, 16), torch.float32, device, requires_grad=True)
+    y, h = baracuda_ops.rms_norm_fused(x, 16, None, residual=r)
+    dx, dr = torch.autograd.grad((y.sum() + 2 * h.sum()), (x, r))
+    torch.testing.assert_close(dx, dr, rtol=0, atol=0)
+    g, gh = torch.randn_like(y), torch.randn_like(h)
+    _, _, rstd = torch.ops.baracuda.rms_norm_fused(x, r, [16], None)
+    gi, gr, gw = torch.ops.baracuda.rms_norm_fused_backward(g, gh, h.detach(), [16], rstd, None, 0.0, "torch",
+                                                            torch.float32, [True, True, True])
+    assert gw is None
+    torch.testing.assert_close(gi, gr, rtol=0, atol=0)
+    only_w = torch.ops.baracuda.rms_norm_fused_backward(g, gh, h.detach(), [16], rstd, None, 0.0, "torch",
+                                                        torch.float32, [False, False, True])
+    assert only_w == (None, None, None)
+
+
+def test_gradcheck(device):
+    def check(fn, *inputs):
+        assert torch.autograd.gradcheck(fn, inputs)
+
+    d = torch.float64
+    x, r = random((3, 2, 6), d, device, requires_grad=True), random((3, 2, 6), d, device, requires_grad=True)
+    w, wh = random((6,), d, device, requires_grad=True), random((2, 6), d, device, requires_grad=True)
+    check(lambda x, r, w: baracuda_ops.rms_norm_fused(x, 6, w, residual=r), x, r, w)
+    check(lambda x, r, w: baracuda_ops.rms_norm_fused(x, 6, w, residual=r, weight_offset=1.0, casting="gemma"), x, r, w)
+    check(lambda x, w: baracuda_ops.rms_norm_fused(x, 6, w, casting="llama"), x, wh)
+    check(lambda x, w: baracuda_ops.rms_norm_fused(x, (2, 6), w, 1e-3), x,
+          random((2, 6), d, device, requires_grad=True))
+    check(lambda x, r: baracuda_ops.rms_norm_fused(x, 6, residual=r), x, r)
+
+
+def test_double_backward_raises(device):
+    x = random((3, 8), torch.float64, device, requires_grad=True)
+    w = random((8,), torch.float64, device, requires_grad=True)
+    (dx,) = torch.autograd.grad(baracuda_ops.rms_norm_fused(x, 8, w).sum(), (x,), create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        dx.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bit_identical_twice(device, dtype):
+    x, r = random((257, 300), dtype, device), random((257, 300), torch.float32, device)
+    w = random((300,), dtype, device)
+
+    def run():
+        y, h, rstd = torch.ops.baracuda.rms_norm_fused(x, r, [300], w, None, 1.0, "torch")
+        g = torch.ones_like(y).uniform_(-1, 1, generator=torch.Generator(device).manual_seed(3))
+        return (y, h, rstd) + torch.ops.baracuda.rms_norm_fused_backward(g, h, h, [300], rstd, w, 1.0, "torch", dtype,
+                                                                         [True, True, True])
+
+    for a, b in zip(run(), run(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_cpu_same_bits_on_one_and_several_threads():
+    # Row sums and the dW chunks are fixed by the shape alone (the per-head dW: chunks of whole
+    # weight periods), so every output is the same whatever the thread count.
+    x = random((96, 4, 256), torch.bfloat16, "cpu")
+    r = random((96, 4, 256), torch.float32, "cpu")
+    w = random((4, 256), torch.float32, "cpu")
+
+    def run():
+        y, h, rstd = torch.ops.baracuda.rms_norm_fused(x, r, [256], w, None, 1.0, "llama")
+        g = torch.linspace(-1, 1, y.numel()).view_as(y).to(y.dtype)
+        grads = torch.ops.baracuda.rms_norm_fused_backward(g, h, h, [256], rstd, w, 1.0, "llama", x.dtype,
+                                                           [True, True, True])
+        q, _, scale = torch.ops.baracuda.rms_norm_quant(x, r, [256], w, None, 1.0, "llama", None)
+        return [y, h, rstd, *grads, q, scale]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(4)
+        several = run()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, several, strict=True):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def test_zero_size(device):
+    x = random((0, 4, 8), torch.float32, device, requires_grad=True)
+    w = random((4, 8), torch.float32, device, requires_grad=True)
+    r = random((0, 4, 8), torch.float32, device, requires_grad=True)
+    y, h = baracuda_ops.rms_norm_fused(x, 8, w, residual=r)
+    assert y.shape == h.shape == (0, 4, 8)
+    dx, dr, dw = torch.autograd.grad(y.sum() + h.sum(), (x, r, w))
+    assert dx.shape == dr.shape == (0, 4, 8)
+    torch.testing.assert_close(dw, torch.zeros_like(w), rtol=0, atol=0)
+
+
+def test_non_contiguous_inputs(device):
+    x = random((8, 12), torch.float32, device).t()
+    r = random((12, 16), torch.float32, device)[:, ::2]
+    w = random((16,), torch.float32, device)[::2]
+    y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, [8], w, None, 0.0, "torch")
+    want_y, want_h = _reference(x, r, (8,), w, None)
+    torch.testing.assert_close(h, want_h, rtol=0, atol=0)
+    assert_close(y, want_y, scale=2)
+
+
+def _samples(device):
+    """(args) of rms_norm_fused for opcheck: residual or not, per head, each casting."""
+    x = random((3, 4, 8), torch.float32, device, requires_grad=True)
+    r = random((3, 4, 8), torch.float32, device, requires_grad=True)
+    w = random((8,), torch.float32, device, requires_grad=True)
+    wh = random((4, 8), torch.float32, device, requires_grad=True)
+    xb = random((3, 4, 8), torch.bfloat16, device, requires_grad=True)
+    rf = random((3, 4, 8), torch.float32, device, requires_grad=True)
+    wf = random((8,), torch.float32, device, requires_grad=True)
+    return [
+        (x, r, [8], w, None, 0.0, "torch"),
+        (x, None, [8], wh, 1e-5, 1.0, "gemma"),
+        (x, r, [4, 8], None, None, 0.0, "torch"),
+        (xb, rf, [8], wf, None, 0.0, "llama"),
+    ]
+
+
+def test_opcheck(device):
+    for args in _samples(device):
+        opcheck(torch.ops.baracuda.rms_norm_fused.default, args)
+        x, r, ns, w, eps, offset, casting = args
+        y, h, rstd = torch.ops.baracuda.rms_norm_fused(*args)
+        hh = (h if r is not None else x).detach()
+        g = random(y.shape, y.dtype, device)
+        gh = random(hh.shape, hh.dtype, device) if r is not None else None
+        wd = None if w is None else w.detach()
+        for mask in ([True, True, True], [True, False, False], [False, True, True]):
+            opcheck(torch.ops.baracuda.rms_norm_fused_backward.default,
+                    (g, gh, hh, ns, rstd, wd, offset, casting, x.dtype, mask))
+
+
+def test_opcheck_out_variants(device):
+    x, r = random((3, 8), torch.float32, device), random((3, 8), torch.float32, device)
+    w = random((8,), torch.float32, device)
+    y, h, rstd = (torch.empty(3, 8, device=device), torch.empty(3, 8, device=device),
+                  torch.empty(3, 1, device=device))
+    opcheck(torch.ops.baracuda.rms_norm_fused.out, (x, r, [8], w, None, 1.0, "gemma"),
+            {"output": y, "residual_out": h, "rstd": rstd})
+    g = random((3, 8), torch.float32, device)
+    gi, gr, gw = torch.empty(3, 8, device=device), torch.empty(3, 8, device=device), torch.empty(8, device=device)
+    ws = torch.empty(1 << 16, dtype=torch.uint8, device=device)
+    opcheck(torch.ops.baracuda.rms_norm_fused_backward.out,
+            (g, g, h, [8], rstd, w, 1.0, "gemma", torch.float32, [True, True, True]),
+            {"grad_input": gi, "grad_residual": gr, "grad_weight": gw, "workspace": ws})
+
+
+def test_compile_matches_eager(device):
+    def fn(x, r, w, wh):
+        y, h = baracuda_ops.rms_norm_fused(x, 16, w, residual=r, weight_offset=1.0)
+        q = baracuda_ops.rms_norm_fused(h.view(*h.shape[:-1], 2, 8), 8, wh, casting="llama")
+        return y, h, q
+
+    inputs = [random((3, 5, 16), torch.float32, device, requires_grad=True),
+              random((3, 5, 16), torch.float32, device, requires_grad=True),
+              random((16,), torch.float32, device, requires_grad=True),
+              random((2, 8), torch.float32, device, requires_grad=True)]
+    check_compile_matches_eager(fn, inputs, exact=True)
+    torch._dynamo.reset()
+    graph_ops = []
+
+    def backend(gm, example_inputs):
+        graph_ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch.compile(fn, backend=backend, fullgraph=True, dynamic=True)(*inputs)
+    assert graph_ops.count("baracuda.rms_norm_fused.default") == 2, graph_ops
+
+
+def test_export_dynamic_matches_eager(device):
+    def fn(x, r, w):
+        return baracuda_ops.rms_norm_fused(x, 32, w, residual=r, weight_offset=1.0, casting="gemma")
+
+    rows = torch.export.Dim("rows")
+    w = random((32,), torch.float32, device, requires_grad=True)
+    check_export_matches_eager(fn, [random((2, 3, 32), torch.float32, device, requires_grad=True),
+                                    random((2, 3, 32), torch.float32, device, requires_grad=True), w],
+                               [{1: rows}, {1: rows}, {}],
+                               [[random((2, 9, 32), torch.float32, device), random((2, 9, 32), torch.float32, device),
+                                 w]], ["rms_norm_fused"])
+
+
+def test_vmap_batching_rules(device):
+    exact = device.type == "cpu"
+    x, r = random((3, 5, 2, 8), torch.float32, device), random((3, 5, 2, 8), torch.float32, device)
+    w, wh = random((8,), torch.float32, device), random((2, 8), torch.float32, device)
+    ws = random((3, 8), torch.float32, device)
+
+    def forward(x, r, w, casting="torch"):
+        return torch.ops.baracuda.rms_norm_fused(x, r, [8], w, None, 0.5, casting)
+
+    check_vmap_matches_per_sample(forward, [x, r, w], [0, 0, None], exact)
+    check_vmap_matches_per_sample(forward, [x, r[0], wh], [0, None, None], exact)
+    check_vmap_matches_per_sample(forward, [x[0], r, w], [None, 0, None], exact)
+    check_vmap_matches_per_sample(lambda x, w: forward(x, None, w, "llama"), [x, wh], [1, None], exact)
+    check_vmap_matches_per_sample(forward, [x, r, ws], [0, 0, 0])
+
+    y, h, rstd = torch.ops.baracuda.rms_norm_fused(x, r, [8], wh, None, 0.5, "llama")
+    g, gh = random(x.shape, torch.float32, device), random(x.shape, torch.float32, device)
+    for mask in ([True, True, True], [True, False, False], [False, False, True]):
+        def backward(g, gh, h, rstd, w):
+            return tuple(t for t in torch.ops.baracuda.rms_norm_fused_backward(
+                g, gh, h, [8], rstd, w, 0.5, "llama", torch.float32, mask) if t is not None)
+
+        # dW per sample is summed by torch ops, not the op's kernel: within rounding
+        check_vmap_matches_per_sample(backward, [g, gh, h, rstd, wh], [0, 0, 0, 0, None], exact and not mask[2])
+        check_vmap_matches_per_sample(backward, [g, gh, h, rstd, ws.view(3, 1, 8).expand(3, 2, 8).contiguous()],
+                                      [0, 0, 0, 0, 0])
+
+
+def test_torch_func_per_sample_grads(device):
+    x = random((4, 3, 8), torch.float64, device)
+    r = random((3, 8), torch.float64, device)
+    w = random((8,), torch.float64, device)
+
+    def loss(x, r, w):
+        y, h = baracuda_ops.rms_norm_fused(x, 8, w, residual=r, weight_offset=1.0)
+        return (y * h).sum()
+
+    got = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(0, None, None))(x, r, w)
+    for k in range(4):
+        leaves = [x[k].clone().requires_grad_(), r.clone().requires_grad_(), w.clone().requires_grad_()]
+        want = torch.autograd.grad(loss(*leaves), leaves)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a[k], b)
+
+
+@pytest.mark.parametrize("dtype,wdt", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                       (torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
+def test_plans_write_every_element(device, dtype, wdt):
+    shape, ns, wshape = (5, 2, 8), (8,), (2, 8)
+    desc = baracuda_ops.RMSNormFusedDescriptor(shape, ns, dtype, weight_shape=wshape, weight_dtype=wdt,
+                                               residual_dtype=torch.float32, weight_offset=1.0, casting="llama",
+                                               device=device)
+    plan = baracuda_ops.RMSNormFusedPlan.select(desc)
+    assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else "cta_rows<32>")
+    x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random(wshape, wdt, device)
+    args = baracuda_ops.RMSNormFusedArgs(x, r, w, poison(torch.empty(shape, dtype=desc.output_dtype, device=device)),
+                                         poison(torch.empty(shape, device=device)),
+                                         poison(torch.empty(desc.rstd_shape, device=device)))
+    plan.run(args)
+    want = torch.ops.baracuda.rms_norm_fused(x, r, list(ns), w, None, 1.0, "llama")
+    for a, b in zip((args.output, args.residual_out, args.rstd), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    bdesc = baracuda_ops.RMSNormFusedBackwardDescriptor(
+        shape, ns, dtype, weight_shape=wshape, weight_dtype=wdt, residual_dtype=torch.float32, weight_offset=1.0,
+        casting="llama", device=device, output_mask=(True, True, True), has_grad_residual_out=True)
+    bplan = baracuda_ops.RMSNormFusedBackwardPlan.select(bdesc)
+    g, gh = random(shape, desc.output_dtype, device), random(shape, torch.float32, device)
+    bargs = baracuda_ops.RMSNormFusedBackwardArgs(
+        g, gh, args.residual_out, args.rstd, w, poison(torch.empty(shape, dtype=dtype, device=device)),
+        poison(torch.empty(shape, device=device)), poison(torch.empty(wshape, dtype=wdt, device=device)))
+    bplan.run(bargs, baracuda_ops.Workspace.allocate(bplan.workspace_size(), device))
+    want = torch.ops.baracuda.rms_norm_fused_backward(g, gh, args.residual_out, list(ns), args.rstd, w, 1.0, "llama",
+                                                      dtype, [True, True, True])
+    for a, b in zip((bargs.grad_input, bargs.grad_residual, bargs.grad_weight), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_plan_errors(device):
+    desc = baracuda_ops.RMSNormFusedDescriptor((4, 8), (8,), torch.float32, casting="fp4", device=device)
+    with pytest.raises(baracuda_ops.InvalidProblemError, match='casting must be "torch", "llama" or "gemma"'):
+        baracuda_ops.RMSNormFusedPlan.select(desc)
+    desc = baracuda_ops.RMSNormFusedDescriptor((4, 8), (8,), torch.float32, weight_shape=(3, 8), device=device)
+    with pytest.raises(baracuda_ops.InvalidProblemError, match=r"weight shape \[3, 8\] must be normalized_shape"):
+        baracuda_ops.RMSNormFusedPlan.select(desc)
+
+
+# ---------------------------------------------------------------------------- Hugging Face modules
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_pairs():
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    nn = baracuda_ops.nn
+    return [(LlamaRMSNorm, nn.LlamaRMSNorm), (Qwen2RMSNorm, nn.Qwen2RMSNorm), (Qwen3RMSNorm, nn.Qwen3RMSNorm),
+            (MistralRMSNorm, nn.MistralRMSNorm), (GemmaRMSNorm, nn.GemmaRMSNorm), (Gemma3RMSNorm, nn.Gemma3RMSNorm)]
+
+
+@pytest.mark.parametrize("dtype,wdt", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                       (torch.float16, torch.float16), (torch.bfloat16, torch.float32),
+                                       (torch.float64, torch.float64)])
+def test_hf_modules_forward_and_backward(device, dtype, wdt):
+    # Differences from the Hugging Face modules come from 1/sqrt against rsqrt and from the
+    # order of the mean: within a few units in the last place of the output dtype. A float64
+    # input is normalized in float64 here, in float32 by Hugging Face: float32's tolerance.
+    tol = torch.float32 if dtype == torch.float64 else dtype
+    for hf_cls, ours_cls in _hf_pairs():
+        hf = hf_cls(64, eps=1e-5).to(device=device, dtype=wdt)
+        with torch.no_grad():
+            hf.weight.copy_(torch.randn_like(hf.weight))
+        ours = ours_cls(64, eps=1e-5).to(device=device, dtype=wdt)
+        assert list(ours.state_dict()) == list(hf.state_dict()) == ["weight"]
+        assert repr(ours).split("(", 1)[1] == repr(hf).split("(", 1)[1]
+        ours.load_state_dict(hf.state_dict())
+        for attr in ("variance_epsilon", "eps"):
+            assert hasattr(ours, attr) == hasattr(hf, attr) and getattr(ours, attr, None) == getattr(hf, attr, None)
+        x = random((3, 5, 64), dtype, device, requires_grad=True)
+        want, got = hf(x), ours(x)
+        assert got.dtype == want.dtype, hf_cls
+        # (llama with a float32 weight on a half input: x-hat rounded to the input dtype, which a
+        # last-place difference in rstd can move by one unit of that dtype)
+        assert_close(got, want.double(), dtype=tol, scale=2)
+        g = random(want.shape, want.dtype, device)
+        for a, b in zip(torch.autograd.grad(got, (x, ours.weight), g), torch.autograd.grad(want, (x, hf.weight), g),
+                        strict=True):
+            assert a.dtype == b.dtype
+            # HF rounds dy * w to the input dtype before the norm's backward: larger differences in half types
+            assert_close(a, b.double(), dtype=tol, scale=8 if dtype in HALF else 4)
+
+
+def test_hf_module_fused_residual(device):
+    ours = baracuda_ops.nn.Qwen3RMSNorm(32).to(device)
+    x, r = random((2, 4, 32), torch.float32, device), random((2, 4, 32), torch.float32, device)
+    y, h = ours(x, r)
+    torch.testing.assert_close(h, x + r, rtol=0, atol=0)
+    torch.testing.assert_close(y, ours(x + r), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- schemas and errors
+
+
+class TestRmsNormFusedMessages(TestCase):
+    def test_schemas(self):
+        self.assertExpectedInline(
+            "\n".join(str(op._schema) for op in (
+                torch.ops.baracuda.rms_norm_fused.default, torch.ops.baracuda.rms_norm_fused.out,
+                torch.ops.baracuda.rms_norm_fused_backward.default, torch.ops.baracuda.rms_norm_fused_backward.out)),
+            """\
+baracuda::rms_norm_fused(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, float weight_offset=0., str casting="torch") -> (Tensor output, Tensor residual_out, Tensor rstd)
+baracuda::rms_norm_fused.out(Tensor input, Tensor? residual, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None, float weight_offset=0., str casting="torch", *, Tensor(a!) output, Tensor(b!) residual_out, Tensor(c!) rstd) -> ()
+baracuda::rms_norm_fused_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight)
+baracuda::rms_norm_fused_backward.out(Tensor grad_out, Tensor? grad_residual_out, Tensor h, SymInt[] normalized_shape, Tensor rstd, Tensor? weight, float weight_offset, str casting, ScalarType input_dtype, bool[3] output_mask, *, Tensor(a!) grad_input, Tensor(b!) grad_residual, Tensor(c!) grad_weight, Tensor(d!) workspace) -> ()""",
+        )
+
+    def test_residual_shape(self):
+        x, r = torch.randn(3, 8), torch.randn(3, 4)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, r, [8], None), """baracuda::rms_norm_fused: residual shape [3, 4] != input shape [3, 8]""")
+
+    def test_residual_dtype(self):
+        x, r = torch.randn(3, 8), torch.randn(3, 8, dtype=torch.float64)
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm_fused(x, r, [8], None), """baracuda::rms_norm_fused: residual dtype Double is not supported with input dtype Float; expected Float""")
+
+    def test_per_head_weight_shape(self):
+        x, w = torch.randn(2, 4, 8), torch.randn(3, 8)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], w), """baracuda::rms_norm_fused: weight shape [3, 8] must be normalized_shape [8] or, per head, the input's trailing dims (input shape [2, 4, 8])""")
+
+    def test_unknown_casting(self):
+        x = torch.randn(2, 8)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], None, None, 0.0, "bf16"), """baracuda::rms_norm_fused: casting must be "torch", "llama" or "gemma", got "bf16\"""")
+
+    def test_weight_offset_without_weight(self):
+        x = torch.randn(2, 8)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused(x, None, [8], None, None, 1.0), """baracuda::rms_norm_fused: weight_offset=1 needs a weight (y = x_hat * (weight + weight_offset)); got weight=None""")
+
+    def test_residual_dtype_without_residual(self):
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: baracuda_ops.rms_norm_fused(torch.randn(2, 8), 8, residual_dtype=torch.float32),
+            """baracuda::rms_norm_fused: residual_dtype is given but residual is None""")
+
+    def test_backward_grad_out_dtype(self):
+        h, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(8)
+        rstd = torch.ones(2, 1)
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm_fused_backward(
+                h, None, h, [8], rstd, w, 0.0, "llama", torch.bfloat16, [True, False, True]), """baracuda::rms_norm_fused_backward: grad_out dtype BFloat16 != output dtype Float""")
+
+    def test_backward_grad_residual_out_shape(self):
+        h, rstd = torch.randn(2, 8), torch.ones(2, 1)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused_backward(
+                h, torch.randn(2, 4), h, [8], rstd, None, 0.0, "torch", torch.float32, [True, False, False]), """baracuda::rms_norm_fused_backward: grad_residual_out shape [2, 4] != h shape [2, 8]""")
+
+    def test_nothing_written_on_error(self):
+        x, r = torch.randn(3, 8), torch.randn(3, 8)
+        y, h, rstd = torch.full((3, 8), 7.0), torch.full((3, 8), 7.0), torch.full((3, 2), 7.0)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_fused.out(x, r, [8], None, output=y, residual_out=h,
+                                                                      rstd=rstd), """baracuda::rms_norm_fused: rstd shape [3, 2] != expected [3, 1]""")
+        assert (y == 7).all() and (h == 7).all() and (rstd == 7).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_residual_and_weight_device_mismatch_cuda():
+    x = torch.randn(3, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm_fused: residual is on cpu but input is on cuda:0"):
+        torch.ops.baracuda.rms_norm_fused(x, torch.randn(3, 8), [8], None)
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm_fused: weight is on cpu but input is on cuda:0"):
+        torch.ops.baracuda.rms_norm_fused(x, None, [8], torch.randn(8))
+
+
+# ---------------------------------------------------------------------------- FP8 output
+
+
+def _quant_reference(y, scale):
+    return (y / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _same_bits(a, b):
+    torch.testing.assert_close(a.view(torch.uint8), b.view(torch.uint8), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_quant_matches_pytorch_reference(device, dtype, casting):
+    for (shape, ns, wshape), wdt in itertools.product(CASES, _weight_dtypes(dtype)):
+        x = random(shape, dtype, device) * 3
+        r = random(shape, dtype, device)
+        w = None if wshape is None else random(wshape, wdt, device) * 4  # some |y| / scale beyond 448
+        offset = 0.0 if w is None else 0.5
+        y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, list(ns), w, None, offset, casting)
+        static = torch.tensor([0.01], device=device)
+        q, h_q, none = torch.ops.baracuda.rms_norm_quant(x, r, list(ns), w, None, offset, casting, static)
+        assert q.dtype == torch.float8_e4m3fn and none.shape == (0,)
+        torch.testing.assert_close(h_q, h, rtol=0, atol=0)
+        _same_bits(q, _quant_reference(y, static))
+        q, _, row_scale = torch.ops.baracuda.rms_norm_quant(x, r, list(ns), w, None, offset, casting, None)
+        dims = tuple(range(x.dim() - len(ns), x.dim()))
+        amax = y.to(_acc(dtype)).abs().amax(dims, keepdim=True) if y.numel() else y.new_zeros(row_scale.shape)
+        want_scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax)).float()
+        torch.testing.assert_close(row_scale, want_scale, rtol=0, atol=0)
+        _same_bits(q, _quant_reference(y, row_scale))
+
+
+def test_quant_public_function(device):
+    x, r = random((4, 2, 16), torch.bfloat16, device), random((4, 2, 16), torch.bfloat16, device)
+    w = random((2, 16), torch.bfloat16, device)
+    q, scale = baracuda_ops.rms_norm_quant(x, 16, w, weight_offset=1.0, casting="gemma")
+    y = baracuda_ops.rms_norm_fused(x, 16, w, weight_offset=1.0, casting="gemma")
+    assert scale.shape == (4, 2, 1)
+    _same_bits(q, _quant_reference(y, scale))
+    static = torch.tensor([0.02], device=device)
+    q, scale, h = baracuda_ops.rms_norm_quant(x, 16, w, scale=static, residual=r, residual_dtype=torch.float32)
+    y, h_want = baracuda_ops.rms_norm_fused(x, 16, w, residual=r, residual_dtype=torch.float32)
+    assert scale is static and h.dtype == torch.float32
+    torch.testing.assert_close(h, h_want, rtol=0, atol=0)
+    _same_bits(q, _quant_reference(y, static))
+
+
+def test_quant_opcheck_compile_and_vmap(device):
+    x, r = random((3, 4, 8), torch.float32, device), random((3, 4, 8), torch.float32, device)
+    w, static = random((4, 8), torch.float32, device), torch.tensor([0.05], device=device)
+    for args in ((x, r, [8], w, None, 0.0, "torch", static), (x, None, [8], w, 1e-5, 1.0, "gemma", None)):
+        opcheck(torch.ops.baracuda.rms_norm_quant.default, args)
+    out = [torch.empty(3, 4, 8, dtype=torch.float8_e4m3fn, device=device), torch.empty(3, 4, 8, device=device),
+           torch.empty(3, 4, 1, device=device)]
+    # test_schema compares a mutated argument before and after with torch.allclose, which has no
+    # float8 kernel: the out-variant runs the other three utils
+    result = torch.library.opcheck(torch.ops.baracuda.rms_norm_quant.out, (x, r, [8], w, None, 0.0, "llama", None),
+                                   {"output": out[0], "residual_out": out[1], "scale_out": out[2]},
+                                   test_utils=OPCHECK_UTILS[1:], raise_exception=True)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+    def fn(x, r, w):
+        q, scale, h = baracuda_ops.rms_norm_quant(x, 8, w, residual=r)
+        return q.view(torch.uint8), scale, h
+
+    torch._dynamo.reset()
+    for a, b in zip(torch.compile(fn, fullgraph=True, dynamic=True)(x, r, w), fn(x, r, w), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    def per_sample(x, r, w):
+        q, h, scale = torch.ops.baracuda.rms_norm_quant(x, r, [8], w, None, 0.0, "torch", None)
+        return q.view(torch.uint8), h, scale
+
+    check_vmap_matches_per_sample(per_sample, [x, r, w], [0, 0, None])
+
+
+class TestRmsNormQuantMessages(TestCase):
+    def test_scale_values(self):
+        x = torch.randn(2, 8)
+        for value in (0.0, -1.0, float("inf"), float("nan")):
+            with self.assertRaisesRegex(ValueError, r"^baracuda::rms_norm_quant: scale must be finite and > 0, got "):
+                torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch", torch.tensor([value]))
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
+                                                                  torch.tensor([-2.0])),
+            """baracuda::rms_norm_quant: scale must be finite and > 0, got -2""")
+
+    def test_scale_shape_and_dtype(self):
+        x = torch.randn(2, 8)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
+                                                                  torch.ones(2)), """baracuda::rms_norm_quant: scale must have 1 element (a per-tensor scale), got shape [2]""")
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: torch.ops.baracuda.rms_norm_quant(x, None, [8], None, None, 0.0, "torch",
+                                                                 torch.ones(1, dtype=torch.float64)), """baracuda::rms_norm_quant: scale dtype Double != expected Float""")
+
+    def test_out_dtype(self):
+        self.assertExpectedRaisesInline(
+            TypeError, lambda: baracuda_ops.rms_norm_quant(torch.randn(2, 8), 8, out_dtype=torch.float8_e5m2), """baracuda::rms_norm_quant: out_dtype must be torch.float8_e4m3fn, got torch.float8_e5m2""")
+
+    def test_nothing_written_on_error(self):
+        x = torch.randn(3, 8)
+        q = torch.full((3, 8), 1.0).to(torch.float8_e4m3fn)
+        self.assertExpectedRaisesInline(
+            ValueError, lambda: torch.ops.baracuda.rms_norm_quant.out(
+                x, None, [8], None, None, 0.0, "torch", torch.tensor([float("nan")]), output=q,
+                residual_out=torch.empty(0), scale_out=torch.empty(0)), """baracuda::rms_norm_quant: scale must be finite and > 0, got nan""")
+        assert (q.float() == 1).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quant_scale_value_checked_on_cuda():
+    x = torch.randn(3, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm_quant: scale must be finite and > 0, got nan"):
+        baracuda_ops.rms_norm_quant(x, 8, scale=torch.tensor([float("nan")], device="cuda"))
