@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "docs" / "PERFORMANCE.md"]
-PEER_ORDER = ["eager", "torch.compile", "liger"]
+PEER_ORDER = ["eager", "torch.compile", "liger", "quack"]
 LATENCY_BOUND_US = 2.0  # a case whose floor (bytes / copy bandwidth) is shorter is bound by latency, not bandwidth
 BLOCK = re.compile(r"(<!-- perf_tables: begin (\S+) source=(\S+) -->\n)(.*?)(<!-- perf_tables: end -->)", re.S)
 

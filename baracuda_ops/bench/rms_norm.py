@@ -78,6 +78,15 @@ def _liger():
     return LigerRMSNormFunction
 
 
+def _quack():
+    """quack's ``rmsnorm_fwd`` / ``rmsnorm_bwd`` (CuTe-DSL kernels), or None where it does not import."""
+    try:
+        from quack.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
+    except Exception:  # not installed, or its CUDA library is missing
+        return None
+    return rmsnorm_fwd, rmsnorm_bwd
+
+
 def benchmarks(device: torch.device, full: bool):
 
     F = torch.nn.functional
@@ -93,6 +102,7 @@ def benchmarks(device: torch.device, full: bool):
         shapes = [(2**27 // 4096, 4096, bf16, bf16), (2**27 // 65536, 65536, bf16, bf16), (2**27 // 4096, 4096, f32, f32),
                   (8, 4096, bf16, bf16)]
     liger = _liger() if device.type == "cuda" else None
+    quack = _quack() if device.type == "cuda" else None
     cases = []
     for m, n, dt, wt in shapes:
         e, we = torch.tensor([], dtype=dt).element_size(), torch.tensor([], dtype=wt).element_size()
@@ -111,14 +121,19 @@ def benchmarks(device: torch.device, full: bool):
             w = torch.randn(n, device=device, dtype=wt, requires_grad=True)
             y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
             y_liger = liger.apply(x, w, eps, 0.0, "llama", False) if liger is not None else None
-            return torch.randn_like(y), x, w, rstd, F.rms_norm(x, [n], w), y_liger
+            rstd_quack = quack[0](x.detach(), w.detach(), eps=eps, store_rstd=True)[2] if quack is not None else None
+            return torch.randn_like(y), x, w, rstd, F.rms_norm(x, [n], w), y_liger, rstd_quack
 
         fwd_peers = {"eager": lambda x, w, n=n: F.rms_norm(x, [n], w)}
-        bwd_peers = {"eager": lambda g, x, w, rstd, y, y_liger: torch.autograd.grad(y, (x, w), g, retain_graph=True)}
+        bwd_peers = {"eager": lambda g, x, w, rstd, y, *_: torch.autograd.grad(y, (x, w), g, retain_graph=True)}
         if liger is not None:
             fwd_peers["liger"] = lambda x, w: liger.apply(x, w, eps, 0.0, "llama", False)
-            bwd_peers["liger"] = lambda g, x, w, rstd, y, y_liger: torch.autograd.grad(y_liger, (x, w), g,
-                                                                                       retain_graph=True)
+            bwd_peers["liger"] = lambda g, x, w, rstd, y, y_liger, _: torch.autograd.grad(y_liger, (x, w), g,
+                                                                                         retain_graph=True)
+        if quack is not None:  # its backward takes its own rstd ([M], from its forward)
+            fwd_peers["quack"] = lambda x, w: quack[0](x, w, eps=eps)[0]
+            bwd_peers["quack"] = lambda g, x, w, rstd, y, y_liger, rstd_quack: quack[1](
+                x.detach(), w.detach(), g, rstd_quack)[:2]
         cases.append(BenchCase(
             "rms_norm", f"rms_norm {tag}", 2 * m * n * e + n * we + m * 4, fwd_inputs,
             ours=lambda x, w, n=n: torch.ops.baracuda.rms_norm(x, [n], w, None),
@@ -127,11 +142,11 @@ def benchmarks(device: torch.device, full: bool):
         ))
         cases.append(BenchCase(
             "rms_norm", f"rms_norm_backward {tag}", 3 * m * n * e + m * 4 + 2 * n * we, bwd_inputs,
-            ours=lambda g, x, w, rstd, y, y_liger, n=n: torch.ops.baracuda.rms_norm_backward(
+            ours=lambda g, x, w, rstd, *_, n=n: torch.ops.baracuda.rms_norm_backward(
                 g, x.detach(), [n], rstd, w.detach(), [True, True]),
             peers=bwd_peers,
-            compile_peer=lambda g, x, w, rstd, y, y_liger, n=n, mixed=wt != dt: _mixed_backward(g, x.detach(),
-                                                                                                w.detach(), rstd)
+            compile_peer=lambda g, x, w, rstd, *_, n=n, mixed=wt != dt: _mixed_backward(g, x.detach(), w.detach(),
+                                                                                         rstd)
             if mixed else torch.ops.aten._fused_rms_norm_backward(g, x.detach(), [n], rstd, w.detach(), [True, True]),
         ))
     return cases
