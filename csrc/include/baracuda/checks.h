@@ -54,7 +54,7 @@ inline void check_shape(const char* op, const char* name, const at::Tensor& t, c
                     shape_str(expected));
 }
 
-// An out-variant's output: right shape, dtype and device, and no overlap with an input.
+// An out-variant's output: right shape, dtype and device (its memory: check_no_overlap).
 inline void check_out(const char* op, const char* name, const at::Tensor& out, c10::IntArrayRef shape,
                       c10::ScalarType dtype, c10::Device device) {
   BARACUDA_CHECK_VALUE(out.device() == device, op, ": ", name, " is on ", out.device(), ", expected ", device);
