@@ -29,6 +29,7 @@ import torch
 
 _MODULE = "torch.distributed.tensor"
 _pending: list[Callable[[], None]] = []
+_imported = False  # torch.distributed.tensor is imported (so an input may be a DTensor)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -52,6 +53,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def _register_pending() -> None:
+    global _imported
+    _imported = True
     while _pending:
         _pending.pop(0)()
 
@@ -90,6 +93,20 @@ def rule(ops: Sequence[torch._ops.OpOverload], local: Callable | None = None):
         return strategy
 
     return decorate
+
+
+def replicated_like(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
+    """A module's plain-tensor ``weight`` as a Replicate DTensor on the mesh of a DTensor input ``x``
+    (else ``weight`` itself), so that a module applied to a sharded input works as on a full one.
+    A module's parameter is taken to be the same on every rank (built from the same seed, or
+    loaded from the same checkpoint); its gradient is reduced back to the plain tensor."""
+    if weight is None or type(x) is torch.Tensor or not _imported:
+        return weight
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if isinstance(x, DTensor) and not isinstance(weight, DTensor):
+        return DTensor.from_local(weight, x.device_mesh, [Replicate()] * x.device_mesh.ndim, run_check=False)
+    return weight
 
 
 class Shards:

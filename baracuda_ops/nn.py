@@ -10,6 +10,7 @@ __all__: list[str] = []
 
 # ---------------------------------------------------------------------------- rms_norm
 
+from ._dtensor import replicated_like as _replicated_like  # noqa: E402
 from .ops.rms_norm import rms_norm as _rms_norm  # noqa: E402
 
 __all__ += ["RMSNorm"]
@@ -43,7 +44,7 @@ class RMSNorm(torch.nn.Module):
             torch.nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return _rms_norm(x, self.normalized_shape, _replicated_like(x, self.weight), self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

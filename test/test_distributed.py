@@ -155,6 +155,17 @@ def check_rms_norm(world: int) -> None:
     y.pow(2).sum().backward()
     _same(dx.grad, x.grad, True, "rms_norm dx")
     _same(dw.grad, w.grad, False, "rms_norm dW")
+    # the module, its weight a plain tensor, on a DTensor input (taken as replicated)
+    module = baracuda_ops.nn.RMSNorm(8, dtype=torch.float64)
+    torch.nn.init.uniform_(module.weight, 0.5, 1.5)
+    batch = torch.randn(world + 1, 3, 8, dtype=torch.float64)
+    module(batch).pow(2).sum().backward()
+    reference = module.weight.grad.clone()
+    module.weight.grad = None
+    y = module(distribute_tensor(batch, mesh, [Shard(0)]))
+    assert y.placements == (Shard(0),)
+    y.pow(2).sum().backward()
+    _same(module.weight.grad, reference, False, "nn.RMSNorm dW")
     # a shard inside the normalized dims: refused, naming the placement
     with pytest.raises(NotImplementedError, match=r"baracuda::rms_norm: input placement Shard\(dim=2\) on mesh dim 0 "
                                                   r"shards normalized dim 2"):
@@ -320,6 +331,34 @@ def check_embedding_bag(world: int) -> None:
     _same(weight.grad, table.weight.grad, False, "EmbeddingBag row-sharded dW")
 
 
+def check_two_dim_mesh(world: int) -> None:
+    """The rules over a 2 x 2 mesh: each mesh dim takes its own placement."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    import baracuda_ops
+
+    mesh = _mesh(2, world // 2)
+    ops = torch.ops.baracuda
+    _seeded()
+    x, w = torch.randn(3, 5, 16), torch.randn(16)
+    _check(ops.rms_norm, [x, [16], w, None], [[Shard(0), Shard(1)], None, [Replicate(), Replicate()], None], mesh,
+           expect=[[Shard(0), Shard(1)]] * 2, exact=(0, 1))
+    scores = torch.randn(2, 4, 5, 6)
+    slopes = baracuda_ops.alibi_slopes(4)
+    _check(ops.alibi, [scores, slopes], [[Shard(1), Shard(2)], [Shard(0), Replicate()]], mesh,
+           expect=[[Shard(1), Shard(2)]])
+    _check(ops.alibi_backward, [torch.randn_like(scores), slopes, [False, True]],
+           [[Shard(1), Shard(2)], [Shard(0), Replicate()], None], mesh, expect=[None, [Shard(0), Partial()]])
+    weight = torch.randn(11, 4)
+    indices = torch.randint(0, 11, (8, 3))
+    for mode in (0, 2):  # the table's rows over both mesh dims; bags over one, rows over the other
+        _check(ops.embedding_bag, [weight, indices, None, mode], [[Shard(0), Shard(0)], [Replicate()] * 2, None, None],
+               mesh, exact=(1, 2, 3) if mode == 0 else (0, 1, 2, 3))
+        _check(ops.embedding_bag, [weight, indices, None, mode], [[Replicate(), Shard(0)], [Shard(0), Replicate()],
+                                                                  None, None], mesh, exact=() if mode == 0 else (0,),
+               local=(1, 3))
+
+
 # --------------------------------------------------------------------------- checks of training
 
 
@@ -365,7 +404,7 @@ def test_two_ranks():
 
 
 def test_four_ranks():
-    _run_group(4, ["check_rms_norm", "check_embedding_bag", "check_training_fsdp_x_tp"])
+    _run_group(4, ["check_rms_norm", "check_embedding_bag", "check_two_dim_mesh", "check_training_fsdp_x_tp"])
 
 
 def test_rules_register_on_first_use_of_dtensor():

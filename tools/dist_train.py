@@ -225,6 +225,8 @@ def compare(config: Config, layout: str, norm: str, steps: int, device, compile:
 def run(args) -> None:
     world = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()
+    if world not in LAYOUTS:
+        raise SystemExit(f"dist_train: runs on 2 or 4 ranks, got {world}")
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())

@@ -587,7 +587,8 @@ def _rowwise_max(shards, weight, indices, offsets, include_last_offset, padding_
     offset2bag = _offset2bag(indices, offsets, include_last_offset, bags)
     key = torch.where(owned & (offset2bag >= 0), offset2bag, bags)  # bag `bags`: the entries of other ranks
     order = torch.sort(key, stable=True).indices
-    local_offsets = torch.cumsum(torch.bincount(key, minlength=bags + 1), 0) - torch.bincount(key, minlength=bags + 1)
+    counts = torch.bincount(key, minlength=bags + 1)
+    local_offsets = torch.cumsum(counts, 0) - counts
     local_indices = torch.where(owned, flat - start, 0)[order]
     out, _, size, positions = torch.ops.baracuda.embedding_bag(weight, local_indices, local_offsets.to(flat.dtype), 2)
     out, size, positions = out[:bags], size[:bags, None], positions[:bags]
