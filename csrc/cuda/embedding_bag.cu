@@ -315,6 +315,7 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
   check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
   cuda::check_out_aligned(kEmbeddingBagOp, "output", output);
   const c10::cuda::CUDAGuard guard(weight.device());
+  cuda::check_device_arch(kEmbeddingBagOp);
   if (g.num_bags == 0) {
     if (offset2bag.numel() > 0) offset2bag.fill_(-1);
     return;
@@ -818,6 +819,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   cuda::check_out_aligned(op, "grad_weight", grad_weight);
   if (grad_weight.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
+  cuda::check_device_arch(op);
   if (backward_is_trivial(num_weights, D, N, B)) {
     grad_weight.zero_();
     return;
@@ -978,6 +980,7 @@ void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::T
   const int64_t N = indices_in.numel();
   if (N == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
+  cuda::check_device_arch(op);
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
   const auto grad = cuda::aligned_contiguous(grad_in);

@@ -671,6 +671,7 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
   check_fmp_forward_outs(Dims, self, output_size, output, indices);
   if (output.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
+  cuda::check_device_arch(fmp_op_name(Dims, false));
   const auto c = choose_fmp(g, self.scalar_type());
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
@@ -1537,6 +1538,7 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
   check_fmp_grad_input(Dims, self, grad_input);
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
+  cuda::check_device_arch(op);
   if (g.out_plane() == 0) {
     grad_input.zero_();
     return;

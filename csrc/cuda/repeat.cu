@@ -365,6 +365,7 @@ void repeat_out_cuda(const at::Tensor& self, at::IntArrayRef repeats, const at::
   cuda::check_out_aligned(kRepeatOp, "out", out);
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
+  cuda::check_device_arch(kRepeatOp);
   const auto t = collapse_tiling(kRepeatOp, self.sizes(), repeats);
   const auto c = choose_repeat(t, self.element_size());
   const auto x = cuda::aligned_contiguous(self);
@@ -573,6 +574,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
   cuda::check_out_aligned(kRepeatBackwardOp, "grad_input", grad_input);
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
+  cuda::check_device_arch(kRepeatBackwardOp);
   if (grad.numel() == 0) {
     grad_input.zero_();
     return;

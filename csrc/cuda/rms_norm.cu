@@ -1444,6 +1444,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
   TORCH_CHECK_VALUE(rstd.is_contiguous(), kRmsNormOp, ": rstd must be contiguous");
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
+  cuda::check_device_arch(kRmsNormOp);
   if (rows.N == 0) {  // the mean of no elements is NaN, as in PyTorch
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
     return;
@@ -1515,6 +1516,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
   }
   if (rows.N == 0 || (!want_dx && !want_dw)) return;
   const c10::cuda::CUDAGuard guard(input.device());
+  cuda::check_device_arch(op);
   if (rows.M == 0) {
     if (want_dw) grad_weight.zero_();
     return;
