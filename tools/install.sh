@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.14.1}" ninja setuptools wheel pytest expecttest matplotlib
+.venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.14.1}" ninja setuptools wheel pytest expecttest matplotlib transformers
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
