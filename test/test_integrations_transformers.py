@@ -144,8 +144,11 @@ def test_a_norm_that_fails_the_check_leaves_the_model_unpatched(monkeypatch):
     # Llama's norms claimed to be Gemma-style: the check against HF's own forward catches it.
     monkeypatch.setitem(hf.FAMILIES, "llama", ("llama", ("LlamaRMSNorm",), "gemma"))
     model = _build("llama")
+    for m in model.modules():
+        if type(m).__name__ == "LlamaRMSNorm":
+            m.eps = m.variance_epsilon  # the attribute the Gemma forward reads: only the arithmetic differs
     classes = {n: type(m) for n, m in model.named_modules()}
-    with pytest.warns(UserWarning, match="LlamaRMSNorm on torch.float32: differs from HF's forward"):
+    with pytest.warns(UserWarning, match="LlamaRMSNorm on torch.float32: differs from HF's forward by up to"):
         assert hf.apply(model) == {}
     assert all(type(m) is classes[n] for n, m in model.named_modules())
 
