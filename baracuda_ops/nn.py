@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 __all__: list[str] = []

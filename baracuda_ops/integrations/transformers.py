@@ -119,7 +119,8 @@ def _compare(cls: type, module: torch.nn.Module, forward: Callable) -> str | Non
             except Exception as e:  # noqa: BLE001  (the reason goes into the warning)
                 return f"{cls.__name__} on {dtype}: {type(e).__name__}: {e}"
             if want.dtype != got.dtype or want.shape != got.shape:
-                return f"{cls.__name__} on {dtype}: returns {got.dtype} {list(got.shape)}, HF {want.dtype} {list(want.shape)}"
+                return (f"{cls.__name__} on {dtype}: returns {got.dtype} {list(got.shape)}, "
+                        f"HF {want.dtype} {list(want.shape)}")
             if not torch.allclose(got.float(), want.float(), rtol=rtol, atol=atol):
                 err = (got.float() - want.float()).abs().max().item()
                 return f"{cls.__name__} on {dtype}: differs from HF's forward by up to {err:.3g}"
