@@ -3,8 +3,9 @@
 CPU kernels always build. CUDA kernels build when the installed torch has CUDA
 (`torch.version.cuda`) and nvcc is found through CUDA_HOME, unless
 BARACUDA_FORCE_CPU=1. TORCH_CUDA_ARCH_LIST (default "9.0") and MAX_JOBS are
-honoured. Install with `pip install --no-build-isolation -e .` so the build
-uses the torch that is already installed.
+honoured. Install with `pip install --no-build-isolation .` (or `-e .`) so the
+build uses the torch that is already installed; the package then requires that
+torch's minor release (torch==X.Y.*), the only one its compiled code links with.
 """
 
 import glob
@@ -94,10 +95,18 @@ def _extension():
     )
 
 
+def _torch_requirement() -> str:
+    """torch==X.Y.* of the torch this build compiles against: the C++ ABI of
+    torch's libraries is kept within a minor release only."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"torch=={major}.{minor}.*"
+
+
 if sys.version_info < (3, 10):
     raise RuntimeError("baracuda_ops needs Python >= 3.10")
 
 setup(
+    install_requires=[_torch_requirement()],
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

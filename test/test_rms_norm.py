@@ -546,6 +546,7 @@ def test_module_is_drop_in_for_torch_rmsnorm(device):
     with torch.no_grad():
         theirs.weight.copy_(random((3, 16), torch.float32, device))
     ours = baracuda_ops.nn.RMSNorm([3, 16], eps=1e-6, device=device)
+    assert isinstance(ours, torch.nn.RMSNorm)
     ours.load_state_dict(theirs.state_dict())
     assert repr(ours) == repr(theirs) == "RMSNorm((3, 16), eps=1e-06, elementwise_affine=True)"
     assert list(dict(ours.named_parameters())) == ["weight"]

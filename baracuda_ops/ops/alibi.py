@@ -51,17 +51,33 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
-    """``scores + slopes[h] * (j - i)`` on ``[B, H, Q, K]`` scores; differentiable w.r.t. both."""
+    """``scores + slopes[h] * (j - i)`` on ``[B, H, Q, K]`` scores, or on BLOOM's 3-D
+    ``[B*H, Q, K]`` scores (row ``n`` is head ``n % H``, ``H = len(slopes)``: computed on the
+    ``[B, H, Q, K]`` view); differentiable w.r.t. both."""
     try:
+        if scores.dim() == 3:
+            return _Alibi(_heads_view("alibi", scores, slopes), slopes).flatten(0, 1)
         return _Alibi(scores, slopes)
     except (TypeError, RuntimeError) as e:
         raise_typed_error("alibi", e, locals(), (), ("scores", "slopes"))
 
 
 def alibi_(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
-    """In-place :func:`alibi`: adds the bias to ``scores`` and returns it."""
-    torch.ops.baracuda.alibi_inplace(scores, slopes)
+    """In-place :func:`alibi` (4-D or 3-D scores): adds the bias to ``scores`` and returns it."""
+    torch.ops.baracuda.alibi_inplace(_heads_view("alibi_inplace", scores, slopes) if scores.dim() == 3 else scores,
+                                     slopes)
     return scores
+
+
+def _heads_view(op: str, scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """``[B*H, Q, K]`` scores as the ``[B, H, Q, K]`` view, ``H = len(slopes)``."""
+    heads = slopes.shape[0] if slopes.dim() == 1 else -1
+    if heads < 0 or (scores.shape[0] % heads != 0 if heads > 0 else scores.shape[0] != 0):
+        raise BaracudaValueError(
+            f"baracuda::{op}: 3-D scores [B*H, Q, K] {list(scores.shape)} need 1-D slopes whose length H "
+            f"divides B*H, got slopes shape {list(slopes.shape)}"
+        )
+    return scores.view(scores.shape[0] // heads if heads else 0, heads, scores.shape[1], scores.shape[2])
 
 
 def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:

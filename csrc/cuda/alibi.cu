@@ -183,6 +183,7 @@ void alibi_out_cuda(const at::Tensor& scores, const at::Tensor& slopes, const at
   check_alibi_out_overlap(scores, slopes, out);
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(scores.device());
+  cuda::check_device_arch(kAlibiOp);
   alibi_forward_cuda(cuda::aligned_contiguous(scores), slopes.contiguous(), out);
 }
 
@@ -199,6 +200,7 @@ void alibi_inplace_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
   check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
   if (scores.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(scores.device());
+  cuda::check_device_arch(kAlibiInplaceOp);
   if (cuda::is_aligned_contiguous(scores)) {
     alibi_forward_cuda(scores, slopes.contiguous(), scores);
   } else {
@@ -317,6 +319,7 @@ void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, s
   }
   check_alibi_backward_overlap(grad, slopes, output_mask, grad_scores, grad_slopes, at::Tensor());
   const c10::cuda::CUDAGuard guard(grad.device());
+  cuda::check_device_arch(kAlibiBackwardOp);
   if (output_mask[0]) grad_scores.copy_(grad);
   if (!output_mask[1] || grad_slopes.numel() == 0) return;
   if (grad.numel() == 0) {

@@ -320,6 +320,7 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
   check_embedding_bag_no_overlap(weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size,
                                  max_positions);
   const c10::cuda::CUDAGuard guard(weight.device());
+  cuda::check_device_arch(kEmbeddingBagOp);
   if (g.num_bags == 0) {
     if (offset2bag.numel() > 0) offset2bag.fill_(-1);
     return;
@@ -816,6 +817,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
                                        per_sample_weights, grad_weight);
   if (grad_weight.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
+  cuda::check_device_arch(op);
   if (backward_is_trivial(num_weights, D, N, B)) {
     grad_weight.zero_();
     return;
@@ -981,6 +983,7 @@ void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::T
   const int64_t N = indices_in.numel();
   if (N == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
+  cuda::check_device_arch(op);
   const auto indices = indices_in.contiguous();
   const auto offset2bag = offset2bag_in.contiguous();
   const auto grad = cuda::aligned_contiguous(grad_in);

@@ -670,6 +670,7 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
                    {{"self", self}, {"random_samples", random_samples}});
   if (output.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
+  cuda::check_device_arch(fmp_op_name(Dims, false));
   const auto c = choose_fmp(g, self.scalar_type());
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
@@ -1530,6 +1531,7 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
   check_no_overlap(op, {{"grad_input", grad_input}}, {{"grad_output", grad_output}, {"self", self}, {"indices", indices}});
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
+  cuda::check_device_arch(op);
   if (g.out_plane() == 0) {
     grad_input.zero_();
     return;

@@ -350,6 +350,7 @@ void repeat_out_cuda(const at::Tensor& self, at::IntArrayRef repeats, const at::
   check_no_overlap(kRepeatOp, {{"out", out}}, {{"self", self}});
   if (out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
+  cuda::check_device_arch(kRepeatOp);
   const auto t = collapse_tiling(kRepeatOp, self.sizes(), repeats);
   const auto c = choose_repeat(t, self.element_size());
   const auto x = cuda::aligned_contiguous(self);
@@ -558,6 +559,7 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
   check_no_overlap(kRepeatBackwardOp, {{"grad_input", grad_input}}, {{"grad", grad}});
   if (grad_input.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
+  cuda::check_device_arch(kRepeatBackwardOp);
   if (grad.numel() == 0) {
     grad_input.zero_();
     return;

@@ -1414,6 +1414,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
   check_rms_norm_out_overlap(input, weight, output, rstd);
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
+  cuda::check_device_arch(kRmsNormOp);
   if (rows.N == 0) {  // the mean of no elements is NaN, as in PyTorch
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
     return;
@@ -1487,6 +1488,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                                   if_used(want_dw, grad_weight), at::Tensor());
   if (rows.N == 0 || (!want_dx && !want_dw)) return;
   const c10::cuda::CUDAGuard guard(input.device());
+  cuda::check_device_arch(op);
   if (rows.M == 0) {
     if (want_dw) grad_weight.zero_();
     return;

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAMacros.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -182,6 +184,38 @@ inline int device_attribute(cudaDeviceAttr attr) {
 
 inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 inline int64_t l2_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
+
+#ifndef BARACUDA_CUDA_ARCHS
+#define BARACUDA_CUDA_ARCHS "(unknown)"
+#endif
+
+// A kernel of this file's fat binary, asked only for its attributes: the runtime
+// answers cudaErrorNoKernelImageForDevice (or InvalidDeviceFunction) when the binary
+// holds neither a cubin nor PTX that the current device can run, which is exactly
+// the case of a GPU the build did not cover (TORCH_CUDA_ARCH_LIST). Each .cu file
+// has its own copy, so each file checks its own image.
+static __global__ void arch_probe_kernel() {}
+
+// Raises NotImplementedError naming the current device's architecture and the
+// built ones when this build cannot run kernels on it, before any launch. A device
+// that passed is remembered (one relaxed atomic load a call after the first).
+static void check_device_arch(const char* op) {
+  static std::array<std::atomic<bool>, C10_COMPILE_TIME_MAX_GPUS> runs{};
+  const int dev = c10::cuda::current_device();
+  if (dev < static_cast<int>(runs.size()) && runs[dev].load(std::memory_order_relaxed)) return;
+  cudaFuncAttributes attributes;
+  const cudaError_t err = cudaFuncGetAttributes(&attributes, arch_probe_kernel);
+  if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction) {
+    (void)cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
+    TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": this build of baracuda_ops has no CUDA kernels for the device cuda:",
+                                dev, " (compute capability ", device_attribute(cudaDevAttrComputeCapabilityMajor),
+                                ".", device_attribute(cudaDevAttrComputeCapabilityMinor),
+                                "); it was built for TORCH_CUDA_ARCH_LIST=\"", BARACUDA_CUDA_ARCHS,
+                                "\". Rebuild with that architecture in TORCH_CUDA_ARCH_LIST");
+  }
+  C10_CUDA_CHECK(err);
+  if (dev < static_cast<int>(runs.size())) runs[dev].store(true, std::memory_order_relaxed);
+}
 
 // Lets `kernel` take `smem` bytes of dynamic shared memory: past 48 KB it must
 // opt in, and static shared memory counts against the same 48 KB, so from 32 KB.

@@ -1,0 +1,123 @@
+"""A Hugging Face Llama trained a few steps three ways: as it is, patched by Liger-Kernel,
+patched by baracuda_ops (baracuda_ops.integrations.transformers.apply).
+
+Every way starts from the same weights and sees the same random tokens; each prints
+tokens/s (steps after the warm-up), peak memory and its loss per step, then the largest
+loss difference to the unpatched model. Default: a ~1B-parameter Llama (hidden 2048,
+16 layers, 32 heads, 8 KV heads, MLP 5632, vocab 32000) in bfloat16, batch 4 x 2048
+tokens, 50 steps of AdamW, on CUDA. ``--smoke``: a tiny model on the CPU, 3 steps, to
+check the script itself. Liger is skipped (said so) when ``liger_kernel`` is not installed.
+
+    python tools/hf_train.py [--steps 50] [--batch 4] [--seq 2048] [--ways hf,liger,baracuda] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import transformers
+
+from baracuda_ops.integrations import transformers as baracuda_hf
+
+
+def _config(smoke: bool) -> transformers.LlamaConfig:
+    if smoke:
+        return transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096,
+                                    rms_norm_eps=1e-5, attn_implementation="sdpa")
+
+
+def _patch(way: str, model: torch.nn.Module) -> bool:
+    """Patches ``model`` the given way; False when that way is not available here."""
+    if way == "baracuda":
+        replaced = baracuda_hf.apply(model)
+        print(f"  baracuda: {len(replaced)} norm modules patched")
+        return bool(replaced)
+    if way == "liger":
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+        except ImportError:
+            print("  liger: liger_kernel is not installed, skipped")
+            return False
+        apply_liger_kernel_to_llama(model=model)
+        return True
+    return way == "hf"
+
+
+def _run(way: str, config, state: dict, batches: list[torch.Tensor], device, dtype, warmup: int):
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config)
+    model.load_state_dict(state)
+    model.to(dtype)
+    if not _patch(way, model):
+        return None
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, start = [], None
+    for step, ids in enumerate(batches):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    tokens = sum(ids.numel() for ids in batches[warmup:])
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    return {"losses": [float(x) for x in losses], "tokens_per_s": tokens / seconds, "peak_gib": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--ways", default="hf,liger,baracuda")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 3 steps")
+    args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.batch, args.seq = 3, 2, 32
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    warmup = 1 if args.smoke else 5
+    config = _config(args.smoke)
+    torch.manual_seed(0)
+    state = transformers.LlamaForCausalLM(config).state_dict()
+    params = sum(v.numel() for v in state.values())
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator).to(device)
+               for _ in range(args.steps)]
+    print(f"Llama {params / 1e9:.2f}B parameters, {dtype}, batch {args.batch} x {args.seq}, {args.steps} steps "
+          f"on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}")
+    results = {}
+    for way in args.ways.split(","):
+        print(f"{way}:")
+        result = _run(way, config, state, batches, device, dtype, warmup)
+        if result is not None:
+            results[way] = result
+            print(f"  {result['tokens_per_s']:.0f} tokens/s, peak {result['peak_gib']:.2f} GiB, losses "
+                  + " ".join(f"{x:.4f}" for x in result["losses"]))
+    if "hf" in results:
+        base = results["hf"]["losses"]
+        for way, result in results.items():
+            if way != "hf":
+                diff = max(abs(a - b) for a, b in zip(result["losses"], base))
+                speed = result["tokens_per_s"] / results["hf"]["tokens_per_s"]
+                print(f"{way} vs hf: max |loss difference| {diff:.2e}, {speed:.3f}x the tokens/s")
+
+
+if __name__ == "__main__":
+    main()
