@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from .._errors import BaracudaTypeError, BaracudaValueError
 from .alibi import alibi_slopes
 
 __all__ = ["alibi_bias"]
@@ -72,22 +73,22 @@ def alibi_bias(
     op = "baracuda.alibi_bias"
     for name, value, low in (("num_heads", num_heads, 1), ("q_len", q_len, 0), ("k_len", k_len, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{op}: {name} must be an int >= {low}, got {value!r}")
+            raise BaracudaValueError(f"{op}: {name} must be an int >= {low}, got {value!r}")
     if isinstance(q_offset, bool) or not isinstance(q_offset, int):
-        raise ValueError(f"{op}: q_offset must be an int, got {q_offset!r}")
+        raise BaracudaValueError(f"{op}: q_offset must be an int, got {q_offset!r}")
     if layout not in _LAYOUTS:
-        raise ValueError(f"{op}: layout must be one of {_LAYOUTS}, got {layout!r}")
+        raise BaracudaValueError(f"{op}: layout must be one of {_LAYOUTS}, got {layout!r}")
     if not dtype.is_floating_point:
-        raise TypeError(f"{op}: dtype must be a floating type, got {dtype}")
+        raise BaracudaTypeError(f"{op}: dtype must be a floating type, got {dtype}")
     if slopes is None:
         slopes = alibi_slopes(num_heads, device=device)
     else:
         if slopes.shape != (num_heads,) or not slopes.dtype.is_floating_point:
-            raise ValueError(
+            raise BaracudaValueError(
                 f"{op}: slopes must be a float tensor of shape [{num_heads}], got {slopes.dtype} {list(slopes.shape)}"
             )
         if device is not None and slopes.device != torch.device(device):
-            raise ValueError(f"{op}: slopes are on {slopes.device}, expected {device}")
+            raise BaracudaValueError(f"{op}: slopes are on {slopes.device}, expected {device}")
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     device = slopes.device
     query_pos = torch.arange(q_len, device=device, dtype=math_dtype) + q_offset

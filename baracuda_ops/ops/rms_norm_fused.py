@@ -49,6 +49,7 @@ from typing import Sequence
 import torch
 
 from .._autograd import register_autograd, register_without_backward
+from .._errors import BaracudaTypeError, BaracudaValueError
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 
@@ -88,7 +89,7 @@ def rms_norm_fused(
         normalized_shape = (normalized_shape,)
     if residual_dtype is not None:
         if residual is None:
-            raise ValueError("baracuda::rms_norm_fused: residual_dtype is given but residual is None")
+            raise BaracudaValueError("baracuda::rms_norm_fused: residual_dtype is given but residual is None")
         residual = residual.to(residual_dtype)
     y, h, _ = _RMSNormFused(input, residual, list(normalized_shape), _kernel_weight(input, weight), eps,
                             float(weight_offset), casting)
@@ -115,18 +116,18 @@ def rms_norm_quant(
     in float32 (1 for a row of zeros). Returns ``(q, scale)`` (the per-row scales, shape of
     ``rstd``, or the given scale), and ``(q, scale, h)`` with a residual."""
     if out_dtype != torch.float8_e4m3fn:
-        raise TypeError(f"baracuda::rms_norm_quant: out_dtype must be torch.float8_e4m3fn, got {out_dtype}")
+        raise BaracudaTypeError(f"baracuda::rms_norm_quant: out_dtype must be torch.float8_e4m3fn, got {out_dtype}")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     if residual_dtype is not None:
         if residual is None:
-            raise ValueError("baracuda::rms_norm_quant: residual_dtype is given but residual is None")
+            raise BaracudaValueError("baracuda::rms_norm_quant: residual_dtype is given but residual is None")
         residual = residual.to(residual_dtype)
     if (scale is not None and scale.device.type != "cpu" and scale.numel() == 1 and scale.dtype == torch.float32
             and not torch.compiler.is_compiling()):
         value = scale.item()  # the op checks a CPU scale itself; a device one would cost it a sync
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"baracuda::rms_norm_quant: scale must be finite and > 0, got {value:g}")
+            raise BaracudaValueError(f"baracuda::rms_norm_quant: scale must be finite and > 0, got {value:g}")
     q, h, row_scale = torch.ops.baracuda.rms_norm_quant(input, residual, list(normalized_shape),
                                                         _kernel_weight(input, weight), eps, float(weight_offset),
                                                         casting, scale)
@@ -153,7 +154,7 @@ def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor
 
 def _check_casting(op: str, casting: str) -> None:
     if casting not in _CASTINGS:
-        raise ValueError(f'baracuda::{op}: casting must be "torch", "llama" or "gemma", got "{casting}"')
+        raise BaracudaValueError(f'baracuda::{op}: casting must be "torch", "llama" or "gemma", got "{casting}"')
 
 
 def _output_dtype(dtype: torch.dtype, weight_dtype: torch.dtype | None, casting: str) -> torch.dtype:
@@ -165,9 +166,9 @@ def _output_dtype(dtype: torch.dtype, weight_dtype: torch.dtype | None, casting:
 def _check_dims(op: str, input_shape: Sequence, normalized_shape: Sequence) -> None:
     """What the fakes can check without guarding on symbolic sizes."""
     if len(normalized_shape) == 0:
-        raise ValueError(f"baracuda::{op}: normalized_shape must have at least 1 dim, got []")
+        raise BaracudaValueError(f"baracuda::{op}: normalized_shape must have at least 1 dim, got []")
     if len(normalized_shape) > len(input_shape):
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
             f"input shape {list(input_shape)}"
         )
@@ -359,7 +360,7 @@ def _problem(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int
     _check_dims(op, input_shape, normalized_shape)
     k = len(normalized_shape)
     if tuple(input_shape[len(input_shape) - k:]) != tuple(normalized_shape):
-        raise ValueError(
+        raise BaracudaValueError(
             f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
             f"input shape {list(input_shape)}")
     m, n = math.prod(input_shape[: len(input_shape) - k]), math.prod(normalized_shape)
@@ -367,7 +368,7 @@ def _problem(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int
     if weight_shape is not None and tuple(weight_shape) != tuple(normalized_shape):
         w = len(weight_shape)
         if not (k < w <= len(input_shape) and tuple(input_shape[len(input_shape) - w:]) == tuple(weight_shape)):
-            raise ValueError(
+            raise BaracudaValueError(
                 f"baracuda::{op}: weight shape {list(weight_shape)} must be normalized_shape {list(normalized_shape)} "
                 f"or, per head, the input's trailing dims (input shape {list(input_shape)})")
         heads = math.prod(weight_shape[: w - k])

@@ -207,7 +207,7 @@ static void check_device_arch(const char* op) {
   const cudaError_t err = cudaFuncGetAttributes(&attributes, arch_probe_kernel);
   if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction) {
     (void)cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
-    TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": this build of baracuda_ops has no CUDA kernels for the device cuda:",
+    BARACUDA_CHECK_NOT_IMPLEMENTED(false, op, ": this build of baracuda_ops has no CUDA kernels for the device cuda:",
                                 dev, " (compute capability ", device_attribute(cudaDevAttrComputeCapabilityMajor),
                                 ".", device_attribute(cudaDevAttrComputeCapabilityMinor),
                                 "); it was built for TORCH_CUDA_ARCH_LIST=\"", BARACUDA_CUDA_ARCHS,

@@ -36,6 +36,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "baracuda/errors.h"
+
 #include "baracuda/checks.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/rms_norm.h"
@@ -50,7 +52,7 @@ enum class Casting : int { kTorch = 0, kLlama = 1, kGemma = 2 };
 inline Casting parse_casting(const char* op, c10::string_view casting) {
   if (casting == "torch") return Casting::kTorch;
   if (casting == "llama") return Casting::kLlama;
-  TORCH_CHECK_VALUE(casting == "gemma", op, ": casting must be \"torch\", \"llama\" or \"gemma\", got \"",
+  BARACUDA_CHECK_VALUE(casting == "gemma", op, ": casting must be \"torch\", \"llama\" or \"gemma\", got \"",
                     std::string(casting), "\"");
   return Casting::kGemma;
 }
@@ -70,14 +72,14 @@ struct FusedRows {
 inline int64_t check_fused_weight(const char* op, c10::ScalarType x, c10::IntArrayRef input_shape,
                                   const at::Tensor& weight, c10::IntArrayRef normalized_shape) {
   const auto w = weight.scalar_type();
-  TORCH_CHECK_TYPE(w == x || (w == at::kFloat && is_half_type(x)), op, ": weight dtype ", w,
+  BARACUDA_CHECK_TYPE(w == x || (w == at::kFloat && is_half_type(x)), op, ": weight dtype ", w,
                    " is not supported with input dtype ", x, "; expected ", x, is_half_type(x) ? " or Float" : "");
   const auto ws = weight.sizes();
   const size_t k = normalized_shape.size();
   const bool plain = ws == normalized_shape;
   const bool per_head =
       ws.size() > k && ws.size() <= input_shape.size() && ws == input_shape.slice(input_shape.size() - ws.size());
-  TORCH_CHECK_VALUE(plain || per_head, op, ": weight shape ", shape_str(ws), " must be normalized_shape ",
+  BARACUDA_CHECK_VALUE(plain || per_head, op, ": weight shape ", shape_str(ws), " must be normalized_shape ",
                     shape_str(normalized_shape), " or, per head, the input's trailing dims (input shape ",
                     shape_str(input_shape), ")");
   int64_t H = 1;
@@ -89,15 +91,15 @@ inline int64_t check_fused_weight(const char* op, c10::ScalarType x, c10::IntArr
 inline void check_fused_residual(const char* op, const at::Tensor& input, const at::Tensor& residual) {
   check_same_device(op, "input", input, "residual", residual);
   const auto x = input.scalar_type(), r = residual.scalar_type();
-  TORCH_CHECK_TYPE(r == x || (r == at::kFloat && is_half_type(x)), op, ": residual dtype ", r,
+  BARACUDA_CHECK_TYPE(r == x || (r == at::kFloat && is_half_type(x)), op, ": residual dtype ", r,
                    " is not supported with input dtype ", x, "; expected ", x, is_half_type(x) ? " or Float" : "");
-  TORCH_CHECK_VALUE(residual.sizes() == input.sizes(), op, ": residual shape ", shape_str(residual.sizes()),
+  BARACUDA_CHECK_VALUE(residual.sizes() == input.sizes(), op, ": residual shape ", shape_str(residual.sizes()),
                     " != input shape ", shape_str(input.sizes()));
 }
 
 inline void check_weight_offset(const char* op, bool has_weight, double weight_offset) {
-  TORCH_CHECK_VALUE(std::isfinite(weight_offset), op, ": weight_offset must be finite, got ", weight_offset);
-  TORCH_CHECK_VALUE(has_weight || weight_offset == 0.0, op, ": weight_offset=", weight_offset,
+  BARACUDA_CHECK_VALUE(std::isfinite(weight_offset), op, ": weight_offset must be finite, got ", weight_offset);
+  BARACUDA_CHECK_VALUE(has_weight || weight_offset == 0.0, op, ": weight_offset=", weight_offset,
                     " needs a weight (y = x_hat * (weight + weight_offset)); got weight=None");
 }
 
@@ -133,26 +135,26 @@ inline FusedRows check_rms_norm_fused_backward(const at::Tensor& grad_out,
                                                double weight_offset, Casting casting, c10::ScalarType input_dtype) {
   const char* op = kRmsNormFusedBackwardOp;
   check_floating(op, "h", h);
-  TORCH_CHECK_TYPE(is_float_type(input_dtype), op, ": input_dtype must be float16, bfloat16, float32 or float64, got ",
+  BARACUDA_CHECK_TYPE(is_float_type(input_dtype), op, ": input_dtype must be float16, bfloat16, float32 or float64, got ",
                    input_dtype);
   const auto r = h.scalar_type();
-  TORCH_CHECK_TYPE(r == input_dtype || (r == at::kFloat && is_half_type(input_dtype)), op, ": h dtype ", r,
+  BARACUDA_CHECK_TYPE(r == input_dtype || (r == at::kFloat && is_half_type(input_dtype)), op, ": h dtype ", r,
                    " is not supported with input dtype ", input_dtype);
   const auto rows = rms_row_shape(op, h.sizes(), normalized_shape);
   check_same_device(op, "h", h, "grad_out", grad_out);
   check_same_device(op, "h", h, "rstd", rstd);
-  TORCH_CHECK_VALUE(grad_out.sizes() == h.sizes(), op, ": grad_out shape ", shape_str(grad_out.sizes()),
+  BARACUDA_CHECK_VALUE(grad_out.sizes() == h.sizes(), op, ": grad_out shape ", shape_str(grad_out.sizes()),
                     " != h shape ", shape_str(h.sizes()));
   if (has_tensor(grad_residual_out)) {
     check_same_device(op, "h", h, "grad_residual_out", *grad_residual_out);
     check_same_dtype(op, "h", h, "grad_residual_out", *grad_residual_out);
-    TORCH_CHECK_VALUE(grad_residual_out->sizes() == h.sizes(), op, ": grad_residual_out shape ",
+    BARACUDA_CHECK_VALUE(grad_residual_out->sizes() == h.sizes(), op, ": grad_residual_out shape ",
                       shape_str(grad_residual_out->sizes()), " != h shape ", shape_str(h.sizes()));
   }
   const auto acc = rms_acc_dtype(input_dtype);
-  TORCH_CHECK_TYPE(rstd.scalar_type() == acc, op, ": rstd dtype ", rstd.scalar_type(), " != expected ", acc);
+  BARACUDA_CHECK_TYPE(rstd.scalar_type() == acc, op, ": rstd dtype ", rstd.scalar_type(), " != expected ", acc);
   const auto stat_shape = rms_rstd_shape(h.sizes(), normalized_shape.size());
-  TORCH_CHECK_VALUE(rstd.sizes() == c10::IntArrayRef(stat_shape), op, ": rstd shape ", shape_str(rstd.sizes()),
+  BARACUDA_CHECK_VALUE(rstd.sizes() == c10::IntArrayRef(stat_shape), op, ": rstd shape ", shape_str(rstd.sizes()),
                     " != expected ", shape_str(stat_shape));
   int64_t H = 1;
   if (has_tensor(weight)) {
@@ -161,13 +163,13 @@ inline FusedRows check_rms_norm_fused_backward(const at::Tensor& grad_out,
   }
   check_weight_offset(op, has_tensor(weight), weight_offset);
   const auto out_dtype = fused_output_dtype(input_dtype, weight, casting);
-  TORCH_CHECK_TYPE(grad_out.scalar_type() == out_dtype, op, ": grad_out dtype ", grad_out.scalar_type(),
+  BARACUDA_CHECK_TYPE(grad_out.scalar_type() == out_dtype, op, ": grad_out dtype ", grad_out.scalar_type(),
                    " != output dtype ", out_dtype);
   return {rows.M, rows.N, H};
 }
 
 inline void check_fused_out_contiguous(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  BARACUDA_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
 // The forward's outputs (out-variant): shape, dtype, device, contiguity, all checked before anything is written.
@@ -204,13 +206,13 @@ constexpr float kFp8E4m3Max = 448.f;
 // (baracuda_ops.rms_norm_quant checks it before calling the op).
 inline void check_fp8_scale(const char* op, const at::Tensor& input, const at::Tensor& scale) {
   check_same_device(op, "input", input, "scale", scale);
-  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, op, ": scale dtype ", scale.scalar_type(),
+  BARACUDA_CHECK_TYPE(scale.scalar_type() == at::kFloat, op, ": scale dtype ", scale.scalar_type(),
                    " != expected Float");
-  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must have 1 element (a per-tensor scale), got shape ",
+  BARACUDA_CHECK_VALUE(scale.numel() == 1, op, ": scale must have 1 element (a per-tensor scale), got shape ",
                     shape_str(scale.sizes()));
   if (scale.device().is_cpu()) {
     const float v = *scale.const_data_ptr<float>();
-    TORCH_CHECK_VALUE(std::isfinite(v) && v > 0.f, op, ": scale must be finite and > 0, got ", v);
+    BARACUDA_CHECK_VALUE(std::isfinite(v) && v > 0.f, op, ": scale must be finite and > 0, got ", v);
   }
 }
 
