@@ -36,8 +36,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "baracuda/errors.h"
-
 #include "baracuda/checks.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/rms_norm.h"
