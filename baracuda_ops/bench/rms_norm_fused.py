@@ -47,11 +47,26 @@ def self_checks():
                 torch.testing.assert_close(g.double(), e, rtol=4 * tol[dtype], atol=4 * tol[dtype])
         return run
 
+    def quant(dtype):  # static and dynamic scales: the float8 bits of (y / scale).clamp(+-448)
+        def run(device):
+            x, r = (torch.randn(33, 200, device=device, dtype=dtype) for _ in range(2))
+            w = torch.randn(200, device=device, dtype=dtype)
+            y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, [200], w, _EPS, 0.0, "torch")
+            static = torch.tensor([0.05], device=device)
+            for scale in (static, None):
+                q, h_q, scale_out = torch.ops.baracuda.rms_norm_quant(x, r, [200], w, _EPS, 0.0, "torch", scale)
+                s = static if scale is not None else scale_out.view(-1, 1)
+                expected = (y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+                torch.testing.assert_close(h_q, h)
+                assert torch.equal(q.view(torch.uint8), expected.view(torch.uint8)), "float8 bits differ"
+        return run
+
     checks = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         checks.append(SelfCheck("rms_norm_fused", dtype, forward(dtype, 0.0)))
         checks.append(SelfCheck("rms_norm_fused (weight_offset=1)", dtype, forward(dtype, 1.0)))
         checks.append(SelfCheck("rms_norm_fused_backward", dtype, backward(dtype)))
+        checks.append(SelfCheck("rms_norm_quant", dtype, quant(dtype)))
     return checks
 
 
