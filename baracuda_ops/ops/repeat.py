@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from .._autograd import register_autograd
+from .._autograd import differentiable_op
 from .._vmap import arg_dims, per_sample, sample_meta
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
 
@@ -31,7 +31,7 @@ __all__ = [
 
 def repeat(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     """Same result as ``x.repeat(*repeats)``; differentiable (twice)."""
-    return _Repeat(x, list(repeats))
+    return _Repeat(x, repeats)
 
 
 def _output_shape(op: str, input_shape: Sequence, repeats: Sequence) -> list:
@@ -98,8 +98,8 @@ def _repeat_backward_jvp(ctx, grad_tangent, _repeats, _input_shape):
     return _RepeatBackward(grad_tangent, ctx.repeats, ctx.input_shape)  # linear
 
 
-_Repeat = register_autograd("repeat", _repeat_autograd, _repeat_setup_context, _repeat_jvp)
-_RepeatBackward = register_autograd("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context,
+_Repeat = differentiable_op("repeat", _repeat_autograd, _repeat_setup_context, _repeat_jvp)
+_RepeatBackward = differentiable_op("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context,
                                     _repeat_backward_jvp)
 
 
