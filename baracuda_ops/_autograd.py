@@ -1,14 +1,17 @@
-"""Forward-mode AD of the ``torch.ops.baracuda.*`` ops (their reverse mode is in C++).
+"""Autograd of the ``torch.ops.baracuda.*`` ops under torch.func and forward-mode AD.
 
 Each op's gradient is a C++ autograd kernel (``csrc/autograd/<family>.cpp``, the Autograd
 dispatch key) that calls the family's backward op: an eager ``backward()`` never enters Python,
-and ``torch.compile``, ``torch.export`` and torch.func's ``grad``, ``vjp``, ``jacrev`` and
-``vmap`` trace or transform it like an ATen op's. A C++ autograd Function has no forward-mode
-AD, and torch.library cannot give a custom op one; so each op also has an ``autograd.Function``
-built from Python formulas (``backward`` and ``jvp``, what ``setup_context`` saved), which
-:class:`DifferentiableOp` applies in place of the op only while forward-mode AD is on
-(``torch.autograd.forward_ad``, ``torch.func.jvp`` / ``jacfwd``). Everywhere else a
-DifferentiableOp is the op itself, after one integer comparison.
+and ``torch.compile`` and ``torch.export`` trace it (AOTAutograd runs the C++ kernel on fake
+tensors). A C++ autograd Function refuses torch.func's transforms ("cannot use C++
+torch::autograd::Function with functorch transforms") and has no forward-mode AD, which
+torch.library cannot give a custom op either; so each op also has an ``autograd.Function`` built
+from Python formulas (``backward`` and ``jvp``, from what ``setup_context`` saved), with a
+``setup_context`` staticmethod as torch.func requires, which :class:`DifferentiableOp` applies in
+place of the op only while a torch.func transform or a forward-AD level is active
+(``grad``, ``vjp``, ``jacrev``, ``vmap``, ``jvp``, ``jacfwd``, ``torch.autograd.forward_ad``).
+Everywhere else a DifferentiableOp is the op itself, after two flag reads. Inside the Function
+the op runs with the transforms' layers lowered, where its C++ kernel is allowed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Callable
 
 import torch
 from torch.autograd import forward_ad
+
+
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 class DifferentiableOp:
@@ -29,10 +35,10 @@ class DifferentiableOp:
         self.function = function
 
     def __call__(self, *args):
-        """The op; under forward-mode AD (a dual level entered: tangents only the Function's
-        ``jvp`` carries) its Function. Dynamo traces the op itself (it cannot trace an
+        """The op; under torch.func's transforms and forward-mode AD (tangents only the
+        Function's ``jvp`` carries) its Function. Dynamo traces the op itself (it cannot trace an
         autograd.Function with a ``jvp``)."""
-        if forward_ad._current_level >= 0 and not torch.compiler.is_compiling():
+        if (forward_ad._current_level >= 0 or _transforms_active()) and not torch.compiler.is_compiling():
             return self.function.apply(*args)
         return self.op(*args)
 

@@ -54,13 +54,20 @@ class AlibiBackwardFunction : public torch::autograd::Function<AlibiBackwardFunc
     no_zero_grads(ctx);
     ctx->saved_data["grad_shape"] = grad.sym_sizes();
     ctx->saved_data["grad_dtype"] = grad.scalar_type();
+    ctx->saved_data["output_mask"] = c10::List<bool>({output_mask[0], output_mask[1]});
     auto [grad_scores, grad_slopes] = call_below_autograd(alibi_backward_op(), grad, slopes, output_mask);
-    return {grad_scores, grad_slopes};
+    // A Function's outputs are defined tensors: the ones output_mask asks for (alibi_backward_autograd).
+    variable_list outputs;
+    for (const at::Tensor& t : {grad_scores, grad_slopes}) {
+      if (t.defined()) outputs.push_back(t);
+    }
+    return outputs;
   }
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
-    at::Tensor gg_scores = grads[0];
-    const at::Tensor& gg_slopes = grads[1];
+    const auto mask = ctx->saved_data["output_mask"].toBoolList();
+    at::Tensor gg_scores = mask[0] ? grads[0] : at::Tensor();
+    const at::Tensor gg_slopes = mask[1] ? grads[mask[0] ? 1 : 0] : at::Tensor();
     if (gg_slopes.defined()) {
       if (!gg_scores.defined()) {
         gg_scores = at::zeros_symint(ctx->saved_data["grad_shape"].toSymIntVector(),
@@ -79,7 +86,10 @@ at::Tensor alibi_autograd(const at::Tensor& scores, const at::Tensor& slopes) {
 std::tuple<at::Tensor, at::Tensor> alibi_backward_autograd(const at::Tensor& grad, const at::Tensor& slopes,
                                                            std::array<bool, 2> output_mask) {
   auto out = AlibiBackwardFunction::apply(grad, slopes, output_mask);
-  return {std::move(out[0]), std::move(out[1])};
+  size_t k = 0;
+  at::Tensor grad_scores = output_mask[0] ? std::move(out[k++]) : at::Tensor();
+  at::Tensor grad_slopes = output_mask[1] ? std::move(out[k++]) : at::Tensor();
+  return {std::move(grad_scores), std::move(grad_slopes)};
 }
 
 }  // namespace

@@ -56,7 +56,12 @@ class RMSNormBackwardFunction : public torch::autograd::Function<RMSNormBackward
                                const std::optional<at::Tensor>& weight, std::array<bool, 2> output_mask) {
     auto [grad_input, grad_weight] =
         call_below_autograd(backward_op(), grad_out, input, normalized_shape, rstd, weight, output_mask);
-    return {grad_input, grad_weight};
+    // A Function's outputs are defined tensors: the ones output_mask asks for (rms_norm_backward_autograd).
+    variable_list outputs;
+    for (const at::Tensor& t : {grad_input, grad_weight}) {
+      if (t.defined()) outputs.push_back(t);
+    }
+    return outputs;
   }
 
   static variable_list backward(AutogradContext*, const variable_list&) {
@@ -78,7 +83,11 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_autograd(const at::Tensor& 
                                                               const std::optional<at::Tensor>& weight,
                                                               std::array<bool, 2> output_mask) {
   auto out = RMSNormBackwardFunction::apply(grad_out, input, normalized_shape, rstd, weight, output_mask);
-  return {std::move(out[0]), std::move(out[1])};
+  const bool computes_weight = output_mask[1] && weight.has_value() && weight->defined();
+  size_t k = 0;
+  at::Tensor grad_input = output_mask[0] ? std::move(out[k++]) : at::Tensor();
+  at::Tensor grad_weight = computes_weight ? std::move(out[k++]) : at::Tensor();
+  return {std::move(grad_input), std::move(grad_weight)};
 }
 
 }  // namespace
