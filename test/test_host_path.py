@@ -165,6 +165,7 @@ def test_train_bench_smoke():
     # PyTorch's modules (the loss curves agree within rounding).
     spec = importlib.util.spec_from_file_location("train_bench", os.path.join(ROOT, "tools", "train_bench.py"))
     train_bench = importlib.util.module_from_spec(spec)
+    sys.modules["train_bench"] = train_bench  # (its dataclass looks its module up there)
     spec.loader.exec_module(train_bench)
     results = train_bench.run(torch.device("cpu"), steps=2, warmup=1, compile_too=False, smoke=True)
     models = {r["model"] for r in results}
