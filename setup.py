@@ -53,7 +53,8 @@ def _openmp_flags() -> list[str]:
 
 def _extension():
     with_cuda = _want_cuda()
-    sources = [os.path.join("csrc", "registration.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
+    sources = [os.path.join("csrc", "registration.cpp")] + sorted(
+        glob.glob(os.path.join("csrc", "cpu", "*.cpp")) + glob.glob(os.path.join("csrc", "autograd", "*.cpp")))
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     define_macros: list = []
     openmp = _openmp_flags()

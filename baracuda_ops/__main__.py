@@ -1,8 +1,9 @@
-"""The main job: ``python -m baracuda_ops [--device cuda] [--full] [--plot F.png] [--json F.json]``.
+"""The main job: ``python -m baracuda_ops [--device cuda] [--full] [--host] [--plot F.png] [--json F.json]``.
 
 Prints what was built, checks every op against its reference on the device
 (pass/fail per op and dtype), then benchmarks each op against PyTorch on that
-device and prints a table.
+device and prints a table; with ``--host``, also the eager per-call times, host included, of every
+op and module beside PyTorch's (baracuda_ops.host_timing).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bench", action="store_true", help="self-check only")
     p.add_argument("--json", help="write raw benchmark numbers to this file")
     p.add_argument("--plot", help="write a PNG chart of achieved bandwidth to this file")
+    p.add_argument("--host", action="store_true", help="also time eager calls per call, host included")
+    p.add_argument("--host-json", help="write the per-call times to this file")
     args = p.parse_args(argv)
 
     device = torch.device(args.device)
@@ -81,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             bench.write_json(args.json, device, copy_gbps, results)
         if args.plot:
             bench.write_plot(args.plot, copy_gbps, results)
+    if args.host:
+        from baracuda_ops import host_timing
+
+        print("\neager per call, host included (no CUDA graph):")
+        host_timing.main(["--device", str(device)] + (["--json", args.host_json] if args.host_json else []))
     return 0 if ok else 1
 
 

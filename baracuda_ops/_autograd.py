@@ -1,18 +1,17 @@
-"""Autograd of the ``torch.ops.baracuda.*`` ops, in a form torch.func can transform too.
+"""Autograd of the ``torch.ops.baracuda.*`` ops under torch.func and forward-mode AD.
 
-``torch.library.register_autograd`` gives an op its gradient for ordinary autograd (and for
-``torch.compile`` and ``torch.export``), but through an ``autograd.Function`` that torch.func's
-transforms (``grad``, ``vjp``, ``jacrev``, ``vmap`` of them) refuse: "must override the
-setup_context staticmethod" (open PyTorch issues pytorch#168393, pytorch#170834), so a
-per-sample gradient or a Jacobian through a custom op fails; and torch.library has no way to
-give a custom op forward-mode AD (``jvp``, ``jacfwd``, ``torch.autograd.forward_ad``).
-``register_autograd`` here registers the two functions that way and also returns an
-``autograd.Function`` built from them with a ``setup_context`` staticmethod (and the op's
-``jvp``). The public functions, the backward formulas and the jvps call ops through
-``DifferentiableOp``, which applies that Function under torch.func's transforms and forward-mode
-AD (there every op a formula calls must be differentiable the same way).
-Calling the Function from the op's Autograd kernel instead does not work: under torch.func an
-autograd.Function must be applied above the dispatcher.
+Each op's gradient is a C++ autograd kernel (``csrc/autograd/<family>.cpp``, the Autograd
+dispatch key) that calls the family's backward op: an eager ``backward()`` never enters Python,
+and ``torch.compile`` and ``torch.export`` trace it (AOTAutograd runs the C++ kernel on fake
+tensors). A C++ autograd Function refuses torch.func's transforms ("cannot use C++
+torch::autograd::Function with functorch transforms") and has no forward-mode AD, which
+torch.library cannot give a custom op either; so each op also has an ``autograd.Function`` built
+from Python formulas (``backward`` and ``jvp``, from what ``setup_context`` saved), with a
+``setup_context`` staticmethod as torch.func requires, which :class:`DifferentiableOp` applies in
+place of the op only while a torch.func transform or a forward-AD level is active
+(``grad``, ``vjp``, ``jacrev``, ``vmap``, ``jvp``, ``jacfwd``, ``torch.autograd.forward_ad``).
+Everywhere else a DifferentiableOp is the op itself, after two flag reads. Inside the Function
+the op runs with the transforms' layers lowered, where its C++ kernel is allowed.
 """
 
 from __future__ import annotations
@@ -23,35 +22,34 @@ import torch
 from torch.autograd import forward_ad
 
 
+_transforms_active = torch._C._are_functorch_transforms_active
+
+
 class DifferentiableOp:
-    """An op of ours with its autograd.Function (see the module docstring)."""
+    """An op of ours with its forward-mode autograd.Function (see the module docstring)."""
+
+    __slots__ = ("op", "function")
 
     def __init__(self, op: torch._ops.OpOverload, function: type[torch.autograd.Function]):
         self.op = op
         self.function = function
 
     def __call__(self, *args):
-        """The op; under torch.func's transforms and forward-mode AD (``torch.autograd.forward_ad``,
-        whose tangents only the Function's ``jvp`` carries) through its Function. Elsewhere the
-        op itself, with its registered autograd (the same gradients): applying the Function
-        costs about 9 us more per call on the host, and Dynamo cannot trace an
-        autograd.Function applied inside another's backward, nor one with a ``jvp``."""
-        if not torch.compiler.is_compiling() and (torch._C._are_functorch_transforms_active()
-                                                  or forward_ad._current_level >= 0):
+        """The op; under torch.func's transforms and forward-mode AD (tangents only the
+        Function's ``jvp`` carries) its Function. Dynamo traces the op itself (it cannot trace an
+        autograd.Function with a ``jvp``)."""
+        if (forward_ad._current_level >= 0 or _transforms_active()) and not torch.compiler.is_compiling():
             return self.function.apply(*args)
         return self.op(*args)
 
 
-def register_autograd(name: str, backward: Callable, setup_context: Callable,
+def differentiable_op(name: str, backward: Callable, setup_context: Callable,
                       jvp: Callable | None = None) -> DifferentiableOp:
-    """Registers ``backward`` and ``setup_context`` as the autograd of ``torch.ops.baracuda.<name>``
-    (as ``torch.library.register_autograd``: ``setup_context(ctx, inputs, output)`` saves what
-    ``backward(ctx, *grad_outputs)`` needs, which returns a gradient or None per op input) and
-    returns the op with an autograd.Function built from them; with ``jvp(ctx, *input_tangents)``
-    (a tangent or None per output; what it needs saved by setup_context with
-    ``ctx.save_for_forward``) the Function has forward-mode AD too (torch.func.jvp, jacfwd,
-    torch.autograd.forward_ad), which torch.library cannot register for a custom op."""
-    torch.library.register_autograd(f"baracuda::{name}", backward, setup_context=setup_context)
+    """``torch.ops.baracuda.<name>`` with an autograd.Function built from ``setup_context(ctx,
+    inputs, output)`` (saves what the others need, ``ctx.save_for_forward`` for the jvp),
+    ``backward(ctx, *grad_outputs)`` (a gradient or None per op input: what the C++ kernel
+    computes, for a backward through the Function, e.g. ``jacrev`` of ``jacfwd``) and
+    ``jvp(ctx, *input_tangents)`` (a tangent or None per output)."""
     op = getattr(torch.ops.baracuda, name).default
 
     class Function(torch.autograd.Function):
@@ -77,10 +75,9 @@ def register_autograd(name: str, backward: Callable, setup_context: Callable,
     return DifferentiableOp(op, Function)
 
 
-def register_without_backward(name: str, message: str) -> DifferentiableOp:
-    """``torch.ops.baracuda.<name>`` (a backward op) with a backward that raises
-    NotImplementedError(message): its gradient, a second derivative of the forward op, is
-    not supported, and a clear error beats a silent zero."""
+def op_without_backward(name: str, message: str) -> DifferentiableOp:
+    """``torch.ops.baracuda.<name>`` (a backward op whose C++ autograd kernel refuses a
+    gradient) with a Function whose backward raises NotImplementedError(message) the same way."""
 
     def setup_context(ctx, inputs, output):
         pass
@@ -88,4 +85,4 @@ def register_without_backward(name: str, message: str) -> DifferentiableOp:
     def backward(ctx, *grads):
         raise NotImplementedError(message)
 
-    return register_autograd(name, backward, setup_context)
+    return differentiable_op(name, backward, setup_context)

@@ -9,7 +9,7 @@ __all__: list[str] = []
 # ---------------------------------------------------------------------------- rms_norm
 
 from ._dtensor import replicated_like as _replicated_like  # noqa: E402
-from .ops.rms_norm import rms_norm as _rms_norm  # noqa: E402
+from .ops.rms_norm import _RMSNorm, _kernel_weight  # noqa: E402
 
 __all__ += ["RMSNorm"]
 
@@ -20,27 +20,38 @@ class RMSNorm(torch.nn.RMSNorm):
     computation type's machine epsilon)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, self.normalized_shape, _replicated_like(x, self.weight), self.eps)
+        weight = self.weight
+        if type(x) is not torch.Tensor:  # a DTensor input: a plain weight joins it as Replicate
+            weight = _replicated_like(x, weight)
+        if weight is not None and weight.dtype != x.dtype:
+            weight = _kernel_weight(x, weight)
+        return _RMSNorm(x, self.normalized_shape, weight, self.eps)[0]
 
 
 # (rms_norm modules end)
 
 # ---------------------------------------------------------------------------- embedding_bag
 
-from .ops.embedding_bag import embedding_bag as _embedding_bag  # noqa: E402
+from .ops.embedding_bag import _MODES, _EmbeddingBag, embedding_bag as _embedding_bag  # noqa: E402
 
 
 class EmbeddingBag(torch.nn.EmbeddingBag):
     """Drop-in for ``torch.nn.EmbeddingBag`` (same constructor, ``weight`` parameter,
     ``from_pretrained`` and state_dict, ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` as
     ``torch.nn.functional.embedding_bag`` treats them) computed by ``baracuda_ops.embedding_bag``,
-    with a deterministic backward."""
+    with a deterministic backward. Without max_norm, sparse and scale_grad_by_freq, forward calls
+    the op itself (torch.nn.EmbeddingBag has made padding_idx non-negative)."""
 
     def forward(self, input, offsets=None, per_sample_weights=None):
-        return _embedding_bag(
-            input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.mode,
-            self.sparse, per_sample_weights, self.include_last_offset, self.padding_idx,
-        )
+        mode = _MODES.get(self.mode)
+        if self.max_norm is not None or self.sparse or self.scale_grad_by_freq or mode is None:
+            return _embedding_bag(
+                input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.mode,
+                self.sparse, per_sample_weights, self.include_last_offset, self.padding_idx,
+            )
+        return _EmbeddingBag(self.weight, input, offsets, mode, per_sample_weights,
+                             self.include_last_offset and input.dim() != 2,
+                             -1 if self.padding_idx is None else self.padding_idx)[0]
 
 
 __all__ += ["EmbeddingBag"]
@@ -49,8 +60,7 @@ __all__ += ["EmbeddingBag"]
 
 # ---------------------------------------------------------------------------- fractional_max_pool
 
-from .ops.fractional_max_pool import fractional_max_pool2d as _fmp2d  # noqa: E402
-from .ops.fractional_max_pool import fractional_max_pool3d as _fmp3d  # noqa: E402
+from .ops.fractional_max_pool import _functional as _fractional_max_pool  # noqa: E402
 
 __all__ += ["FractionalMaxPool2d", "FractionalMaxPool3d"]
 
@@ -61,8 +71,8 @@ class FractionalMaxPool2d(torch.nn.FractionalMaxPool2d):
     output is bit-identical to the torch module's."""
 
     def forward(self, input):
-        return _fmp2d(input, self.kernel_size, self.output_size, self.output_ratio, self.return_indices,
-                      _random_samples=self._random_samples)
+        return _fractional_max_pool(2, input, self.kernel_size, self.output_size, self.output_ratio,
+                                    self.return_indices, self._random_samples)
 
 
 class FractionalMaxPool3d(torch.nn.FractionalMaxPool3d):
@@ -71,15 +81,15 @@ class FractionalMaxPool3d(torch.nn.FractionalMaxPool3d):
     output is bit-identical to the torch module's."""
 
     def forward(self, input):
-        return _fmp3d(input, self.kernel_size, self.output_size, self.output_ratio, self.return_indices,
-                      _random_samples=self._random_samples)
+        return _fractional_max_pool(3, input, self.kernel_size, self.output_size, self.output_ratio,
+                                    self.return_indices, self._random_samples)
 
 
 # (fractional_max_pool modules end)
 
 # ---------------------------------------------------------------------------- alibi
 
-from .ops.alibi import alibi as _alibi, alibi_slopes as _alibi_slopes  # noqa: E402
+from .ops.alibi import _Alibi, alibi_slopes as _alibi_slopes  # noqa: E402
 
 __all__ += ["ALiBi"]
 
@@ -102,7 +112,7 @@ class ALiBi(torch.nn.Module):
             self.register_buffer("slopes", slopes)
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return _alibi(scores, self.slopes)
+        return _Alibi(scores, self.slopes)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, learnable={self.learnable}"

@@ -157,6 +157,12 @@ TORCH_LIBRARY(baracuda, m) {
   m.def(
       "embedding_bag_per_sample_weights_backward.out(Tensor grad, Tensor weight, Tensor indices, "
       "Tensor offset2bag, int bag_mode, int padding_idx=-1, *, Tensor(a!) grad_per_sample_weights) -> ()");
+  // F.embedding_bag's weight gradient with scale_grad_by_freq (dense, rows divided by their counts
+  // in indices) or sparse (a COO tensor, one entry per position); neither: embedding_bag_backward's.
+  m.def(
+      "embedding_bag_weight_backward(Tensor grad, Tensor indices, Tensor offset2bag, Tensor bag_size, "
+      "Tensor max_positions, SymInt num_weights, int bag_mode, Tensor? per_sample_weights, int padding_idx, "
+      "bool scale_grad_by_freq, bool sparse) -> Tensor");
   // (embedding_bag schemas end)
 
   // fractional_max_pool

@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 
 from .. import _dtensor
-from .._autograd import register_autograd
+from .._autograd import differentiable_op
 from .._vmap import arg_dims, batch_first, sample_meta
 from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
@@ -203,8 +203,8 @@ def _alibi_backward_jvp(ctx, grad_tangent, _slopes_tangent, _output_mask):
     return _AlibiBackward(grad_tangent, slopes, ctx.output_mask)
 
 
-_Alibi = register_autograd("alibi", _alibi_autograd, _alibi_setup_context, _alibi_jvp)
-_AlibiBackward = register_autograd("alibi_backward", _alibi_backward_autograd, _alibi_backward_setup_context,
+_Alibi = differentiable_op("alibi", _alibi_autograd, _alibi_setup_context, _alibi_jvp)
+_AlibiBackward = differentiable_op("alibi_backward", _alibi_backward_autograd, _alibi_backward_setup_context,
                                    _alibi_backward_jvp)
 
 

@@ -32,7 +32,11 @@ the caller chooses to sync.
 
 The functional form takes every argument of F.embedding_bag: ``max_norm`` through
 ``torch.embedding_renorm_``, ``sparse`` and ``scale_grad_by_freq`` through an autograd.Function
-(``_WithGradientOptions``) over the same op.
+(``_WithGradientOptions``) over the same op, whose weight gradient is one op,
+``embedding_bag_weight_backward(..., scale_grad_by_freq, sparse)``: the dense gradient with each
+row divided by its count in the indices, or a sparse COO gradient with one entry per position in
+order (F.embedding_bag's entries; a position that takes no gradient, such as padding, keeps its
+entry with value 0, so that no host sync counts the entries).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Sequence
 import torch
 
 from .. import _dtensor
-from .._autograd import register_autograd, register_without_backward
+from .._autograd import differentiable_op, op_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import (
     BaracudaNotImplementedError,
@@ -112,10 +116,13 @@ def embedding_bag(
 
     As F.embedding_bag: ``max_norm`` first renormalises, in place, the rows of ``weight`` that
     ``input`` names (``torch.embedding_renorm_`` under no_grad); ``sparse=True`` gives ``weight`` a
-    sparse COO gradient, one row per non-padding position, not coalesced; ``scale_grad_by_freq=True``
-    divides row ``r`` of the dense gradient by the number of times ``r`` occurs in ``input``
-    (PyTorch divides each term, this divides each row's sum: the same up to rounding)."""
-    mode_enum = _mode_enum(mode)
+    sparse COO gradient, one entry per position, not coalesced (value 0 where a position takes no
+    gradient, e.g. padding, which F.embedding_bag leaves out); ``scale_grad_by_freq=True`` divides
+    row ``r`` of the dense gradient by the number of times ``r`` occurs in ``input`` (PyTorch
+    divides each term, this divides each row's sum: the same up to rounding)."""
+    mode_enum = _MODES.get(mode)
+    if mode_enum is None:
+        _mode_enum(mode)  # its error
     if mode_enum == 2 and scale_grad_by_freq:
         raise BaracudaValueError("baracuda::embedding_bag: max mode does not support scaling the gradient by the frequency")
     if mode_enum == 2 and sparse:
@@ -124,8 +131,8 @@ def embedding_bag(
         raise BaracudaValueError(
             f"baracuda::embedding_bag: weight must be 2-D [num_embeddings, embedding_dim], got shape {list(weight.shape)}"
         )
-    pad = _normalize_padding_idx(padding_idx, weight.shape[0])
-    if input.dim() == 2:
+    pad = -1 if padding_idx is None else _normalize_padding_idx(padding_idx, weight.shape[0])
+    if include_last_offset and input.dim() == 2:
         include_last_offset = False  # F.embedding_bag ignores it for 2-D input
     if max_norm is not None:
         check_index_range("embedding_bag", input, weight.shape[0])  # before the in-place renorm
@@ -232,6 +239,18 @@ def _per_sample_weights_backward_out_fake(grad, weight, indices, offset2bag, bag
     return None
 
 
+@torch.library.register_fake("baracuda::embedding_bag_weight_backward")
+def _weight_backward_fake(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+                          per_sample_weights, padding_idx, scale_grad_by_freq, sparse):
+    dense = _embedding_bag_backward_fake(grad, indices, offset2bag, bag_size, max_positions, num_weights, bag_mode,
+                                         per_sample_weights, padding_idx)
+    if not sparse:
+        return dense
+    n, dim = indices.numel(), grad.shape[1]
+    rows, values = indices.new_empty([1, n], dtype=torch.int64), grad.new_empty([n, dim])
+    return torch.ops.aten._sparse_coo_tensor_unsafe(rows, values, [num_weights, dim])
+
+
 # --------------------------------------------------------------------------- autograd
 
 
@@ -250,23 +269,23 @@ def _setup_context(ctx, inputs, output):
 
 def _gradients(ctx, grad_output, sparse: bool = False, scale_grad_by_freq: bool = False):
     """(grad_weight, grad_per_sample_weights) from what _setup_context saved; grad_weight dense, or
-    with F.embedding_bag's sparse=True / scale_grad_by_freq=True gradient."""
+    with F.embedding_bag's sparse=True / scale_grad_by_freq=True gradient (one op,
+    ``embedding_bag_weight_backward``)."""
     indices, offset2bag, bag_size, max_positions, per_sample_weights, weight = ctx.saved_tensors
     grad_weight = grad_psw = None
     if ctx.needs_input_grad[0]:
-        if sparse:
-            if scale_grad_by_freq:
-                raise UnsupportedError("baracuda::embedding_bag: scale_grad_by_freq is not supported with sparse "
-                                       "gradients (nor by PyTorch)")
-            grad_weight = _sparse_grad_weight(grad_output, indices, offset2bag, bag_size, ctx.num_weights, ctx.mode,
-                                              per_sample_weights, ctx.padding_idx)
+        if sparse and scale_grad_by_freq:
+            raise UnsupportedError("baracuda::embedding_bag: scale_grad_by_freq is not supported with sparse "
+                                   "gradients (nor by PyTorch)")
+        if sparse or scale_grad_by_freq:
+            grad_weight = torch.ops.baracuda.embedding_bag_weight_backward(
+                grad_output, indices, offset2bag, bag_size, max_positions, ctx.num_weights, ctx.mode,
+                per_sample_weights, ctx.padding_idx, scale_grad_by_freq, sparse)
         else:
             grad_weight = _EmbeddingBagBackward(
                 grad_output, indices, offset2bag, bag_size, max_positions, ctx.num_weights, ctx.mode,
                 per_sample_weights, ctx.padding_idx,
             )
-            if scale_grad_by_freq:
-                grad_weight = _divided_by_frequency(grad_weight, indices)
     # needs_input_grad covers only the arguments the call passed (defaults may be left out).
     if len(ctx.needs_input_grad) > 4 and ctx.needs_input_grad[4]:
         grad_psw = _PerSampleWeightsBackward(
@@ -299,38 +318,6 @@ def _jvp(ctx, weight_tangent, _indices, _offsets, _mode, psw_tangent, _include_l
     return tangent, None, None, None
 
 
-def _sparse_grad_weight(grad, indices, offset2bag, bag_size, num_weights, mode, per_sample_weights, padding_idx):
-    """F.embedding_bag's sparse gradient: an uncoalesced COO tensor with, for each position i
-    (but padding), row indices[i] and value grad[bag_i] (times per_sample_weights[i] in sum mode,
-    times 1 / bag_size in mean mode, as PyTorch rounds it). Positions that a CUDA forward flagged
-    (an index out of range, or in no bag) are left out, as the dense backward leaves them."""
-    rows = indices.reshape(-1)
-    keep = (offset2bag >= 0) & (rows >= 0) & (rows < num_weights) & (rows != padding_idx)
-    rows, bags = rows[keep], offset2bag[keep]
-    if per_sample_weights is not None:
-        per_sample_weights = per_sample_weights.reshape(-1)[keep]
-    values = grad.index_select(0, bags)
-    if mode == 1:
-        values = values * (1 / bag_size.to(grad.dtype)).index_select(0, bags).unsqueeze(1)
-    if per_sample_weights is not None:
-        values = values * per_sample_weights.reshape(-1, 1)
-    # Built as PyTorch's own sparse backward builds it (no invariant checks: the rows are in range).
-    return torch.ops.aten._sparse_coo_tensor_unsafe(rows.long().unsqueeze(0), values, [num_weights, grad.shape[1]])
-
-
-def _divided_by_frequency(grad_weight, indices):
-    """Row r of grad_weight divided by the number of times r occurs in indices (rows that never
-    occur are zero already), in the accumulation type, rounded once. Out-of-range indices (which
-    a CUDA forward flags rather than raises on) count nowhere."""
-    flat = indices.reshape(-1).long()
-    num_weights = grad_weight.shape[0]
-    valid = (flat >= 0) & (flat < num_weights)
-    counts = torch.zeros(num_weights, dtype=torch.int64, device=flat.device)
-    counts.index_add_(0, flat.clamp(0, max(num_weights - 1, 0)), valid.long())
-    acc = torch.float64 if grad_weight.dtype == torch.float64 else torch.float32
-    return (grad_weight.to(acc) / counts.clamp(min=1).to(acc).unsqueeze(1)).to(grad_weight.dtype)
-
-
 class _WithGradientOptions(torch.autograd.Function):
     """baracuda::embedding_bag (the same seven arguments) whose weight gradient follows
     F.embedding_bag's ``sparse`` and ``scale_grad_by_freq`` (the two trailing arguments)."""
@@ -353,9 +340,9 @@ class _WithGradientOptions(torch.autograd.Function):
         return grad_weight, None, None, None, grad_psw, None, None, None, None
 
 
-_EmbeddingBag = register_autograd("embedding_bag", _backward, _setup_context, _jvp)
+_EmbeddingBag = differentiable_op("embedding_bag", _backward, _setup_context, _jvp)
 _EmbeddingBagBackward, _PerSampleWeightsBackward = (
-    register_without_backward(op, f"baracuda::{op}: double backward of embedding_bag is not supported")
+    op_without_backward(op, f"baracuda::{op}: double backward of embedding_bag is not supported")
     for op in ("embedding_bag_backward", "embedding_bag_per_sample_weights_backward"))
 
 

@@ -21,7 +21,7 @@ from typing import ClassVar, Sequence
 import torch
 
 from .. import _dtensor
-from .._autograd import DifferentiableOp, register_autograd
+from .._autograd import DifferentiableOp, differentiable_op
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
@@ -218,8 +218,8 @@ def _register(dims: int) -> tuple[DifferentiableOp, DifferentiableOp]:
             fold(indices, in_dims[4], n, batched_input))
         return (grad_input.unflatten(0, (n, one.shape[0])) if batched_input else grad_input), 0
 
-    return (register_autograd(name, backward, setup_context, jvp),
-            register_autograd(bname, double_backward, backward_setup_context, backward_jvp))
+    return (differentiable_op(name, backward, setup_context, jvp),
+            differentiable_op(bname, double_backward, backward_setup_context, backward_jvp))
 
 
 # The ops with their autograd, by dims: module globals, which Dynamo can trace a backward through

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from .. import _dtensor
-from .._autograd import register_autograd
+from .._autograd import differentiable_op
 from .._vmap import arg_dims, per_sample, sample_meta
 from .._errors import BaracudaValueError, check_numel, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, PrecisionGuarantee, Workspace, plan_errors
@@ -33,7 +33,7 @@ __all__ = [
 def repeat(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
     """Same result as ``x.repeat(*repeats)``; differentiable (twice)."""
     try:
-        return _Repeat(x, list(repeats))
+        return _Repeat(x, repeats)
     except (TypeError, RuntimeError) as e:
         raise_typed_error("repeat", e, locals(), sequences=("repeats",))
 
@@ -109,8 +109,8 @@ def _repeat_backward_jvp(ctx, grad_tangent, _repeats, _input_shape):
     return _RepeatBackward(grad_tangent, ctx.repeats, ctx.input_shape)  # linear
 
 
-_Repeat = register_autograd("repeat", _repeat_autograd, _repeat_setup_context, _repeat_jvp)
-_RepeatBackward = register_autograd("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context,
+_Repeat = differentiable_op("repeat", _repeat_autograd, _repeat_setup_context, _repeat_jvp)
+_RepeatBackward = differentiable_op("repeat_backward", _repeat_backward_autograd, _repeat_backward_setup_context,
                                     _repeat_backward_jvp)
 
 

@@ -41,7 +41,7 @@ from typing import Sequence
 import torch
 
 from .. import _dtensor
-from .._autograd import register_autograd, register_without_backward
+from .._autograd import differentiable_op, op_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import BaracudaValueError, check_same_device, raise_typed_error
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
@@ -71,13 +71,15 @@ def rms_norm(
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     try:
-        return _RMSNorm(input, list(normalized_shape), _kernel_weight(input, weight), eps)[0]
+        if weight is not None and weight.dtype != input.dtype:
+            weight = _kernel_weight(input, weight)
+        return _RMSNorm(input, normalized_shape, weight, eps)[0]
     except (TypeError, RuntimeError, AttributeError) as e:
         raise_typed_error("rms_norm", e, locals(), ("normalized_shape",), ("input", "weight"))
 
 
-def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
-    """The weight in a dtype the op takes (x's, or float32 with a half x), for the other
+def _kernel_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A weight whose dtype differs from x's, in a dtype the op takes (x's, or float32 with a half x), for the other
     floating combinations ``torch.nn.functional.rms_norm`` accepts with a warning (e.g. a
     bfloat16 weight on a float32 input). PyTorch computes ``x * rstd * w`` in the promoted
     type of the computation type (float32; float64 for float64 x) and the weight's, then
@@ -85,7 +87,7 @@ def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor
     weight to it is exact and gives the same result (the conversion is differentiable, so
     dW comes back in the weight's dtype). A float64 weight on a non-float64 input would
     need float64 products: not supported (the op's dtype error)."""
-    if weight is None or weight.dtype == x.dtype or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
+    if x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
         return weight  # the op's own dtypes, or its dtype error
     computation = _acc_dtype(x.dtype)
     if weight.dtype == computation or (weight.dtype == torch.float64 and computation != torch.float64):
@@ -184,8 +186,8 @@ if torch.amp.is_autocast_available("cuda") and torch._C._dispatch_has_kernel_for
         "aten::rms_norm", "AutocastCUDA"):
     torch.library.register_autocast("baracuda::rms_norm", "cuda", torch.float32)
 
-_RMSNorm = register_autograd("rms_norm", _rms_norm_autograd, _rms_norm_setup_context, _rms_norm_jvp)
-_RMSNormBackward = register_without_backward(
+_RMSNorm = differentiable_op("rms_norm", _rms_norm_autograd, _rms_norm_setup_context, _rms_norm_jvp)
+_RMSNormBackward = op_without_backward(
     "rms_norm_backward", "baracuda::rms_norm_backward: double backward (the gradient of rms_norm's gradient) "
     "is not supported")
 

@@ -48,7 +48,7 @@ from typing import Sequence
 
 import torch
 
-from .._autograd import register_autograd, register_without_backward
+from .._autograd import differentiable_op, op_without_backward
 from .._errors import BaracudaTypeError, BaracudaValueError
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
@@ -268,10 +268,20 @@ def _backward(ctx, grad_y, grad_h, _grad_rstd):
     return (grad_input if need_x else None, grad_residual if need_r else None, None, grad_weight, None, None, None)
 
 
-_RMSNormFused = register_autograd("rms_norm_fused", _backward, _setup_context)
-_RMSNormFusedBackward = register_without_backward(
-    "rms_norm_fused_backward", "baracuda::rms_norm_fused_backward: double backward (the gradient of "
-    "rms_norm_fused's gradient) is not supported")
+_DOUBLE_BACKWARD = ("baracuda::rms_norm_fused_backward: double backward (the gradient of rms_norm_fused's "
+                    "gradient) is not supported")
+
+
+def _refuse_double_backward(ctx, *grads):
+    raise NotImplementedError(_DOUBLE_BACKWARD)
+
+
+# This family's autograd is registered from Python (the plain ops' is C++, csrc/autograd/).
+torch.library.register_autograd("baracuda::rms_norm_fused", _backward, setup_context=_setup_context)
+torch.library.register_autograd("baracuda::rms_norm_fused_backward", _refuse_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)
+_RMSNormFused = differentiable_op("rms_norm_fused", _backward, _setup_context)
+_RMSNormFusedBackward = op_without_backward("rms_norm_fused_backward", _DOUBLE_BACKWARD)
 
 
 # --------------------------------------------------------------------------- vmap

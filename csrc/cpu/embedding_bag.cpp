@@ -16,6 +16,7 @@
 #include "baracuda/cpu_utils.h"
 #include "baracuda/dispatch.h"
 #include "baracuda/embedding_bag.h"
+#include "baracuda/embedding_bag_options.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -430,6 +431,106 @@ at::Tensor per_sample_weights_backward_cpu(const at::Tensor& grad, const at::Ten
 
 // problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
 // The variant names carry the vector ISA the loops run with (cpu::run_vectorized).
+// ---------------------------------------------------------------------------
+// baracuda::embedding_bag_weight_backward: F.embedding_bag's weight gradient options.
+//   scale_grad_by_freq: grad_weight[r] = (dense gradient)[r] / count_r, count_r the number of
+//     positions with indices[i] == r, in acc_t, rounded once;
+//   sparse: COO entries, one per position i in order: row indices[i], value
+//     grad[bag_i] * c_i in grad's dtype, c_i = per_sample_weights[i] (sum mode), 1 / bag_size
+//     rounded to the dtype (mean mode, as PyTorch rounds it), else 1. A position that takes no
+//     gradient (padding, in no bag, an index the CUDA forward flagged) keeps its entry with value
+//     0 (row 0 when its index is out of range): N entries, so no count of kept positions (a host
+//     sync) sizes the result.
+
+template <typename scalar_t, typename index_t>
+void sparse_entries(const scalar_t* grad, const index_t* indices, const int64_t* offset2bag, const int64_t* bag_size,
+                    const scalar_t* psw, int64_t mode, int64_t padding_idx, int64_t V, int64_t D, int64_t N,
+                    int64_t* rows, scalar_t* values) {
+  at::parallel_for(0, N, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D)), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = static_cast<int64_t>(indices[i]), bag = offset2bag[i];
+      const bool in_range = row >= 0 && row < V;
+      rows[i] = in_range ? row : 0;
+      scalar_t* out = values + i * D;
+      const bool used = in_range && row != padding_idx && bag >= 0 && (mode != kModeMean || bag_size[bag] > 0);
+      if (!used) {
+        std::fill(out, out + D, scalar_t(0));
+        continue;
+      }
+      const scalar_t coef = mode == kModeMean ? scalar_t(1) / static_cast<scalar_t>(bag_size[bag])
+                                              : (psw != nullptr ? psw[i] : scalar_t(1));
+      const scalar_t* g = grad + bag * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = g[d] * coef;
+    }
+  });
+}
+
+template <typename scalar_t, typename acc_t, typename index_t>
+void divide_by_frequency(const index_t* indices, int64_t N, int64_t V, int64_t D, scalar_t* grad_weight,
+                         int64_t* counts) {
+  std::fill(counts, counts + V, int64_t(0));
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = static_cast<int64_t>(indices[i]);
+    if (row >= 0 && row < V) ++counts[row];
+  }
+  at::parallel_for(0, V, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D)), [&](int64_t begin, int64_t end) {
+    for (int64_t v = begin; v < end; ++v) {
+      if (counts[v] <= 1) continue;  // x / 1 == x; rows that never occur are zero
+      const acc_t n = static_cast<acc_t>(counts[v]);
+      scalar_t* row = grad_weight + v * D;
+      for (int64_t d = 0; d < D; ++d) row[d] = static_cast<scalar_t>(static_cast<acc_t>(row[d]) / n);
+    }
+  });
+}
+
+at::Tensor embedding_bag_weight_backward_cpu(const at::Tensor& grad, const at::Tensor& indices_in,
+                                             const at::Tensor& offset2bag_in, const at::Tensor& bag_size_in,
+                                             const at::Tensor& max_positions, int64_t num_weights, int64_t mode,
+                                             const c10::optional<at::Tensor>& per_sample_weights,
+                                             int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
+  const char* op = kEmbeddingBagWeightBackwardOp;
+  check_weight_backward_options(op, mode, scale_grad_by_freq, sparse);
+  if (!sparse) {
+    at::Tensor grad_weight = embedding_bag_backward_cpu(grad, indices_in, offset2bag_in, bag_size_in, max_positions,
+                                                        num_weights, mode, per_sample_weights, padding_idx);
+    if (scale_grad_by_freq) {
+      const auto indices = indices_in.contiguous();
+      auto counts = at::empty({num_weights}, indices.options().dtype(at::kLong));
+      AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_weight_backward_cpu", [&] {
+        BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_weight_backward_cpu", [&] {
+          divide_by_frequency<scalar_t, acc_t, index_t>(indices.const_data_ptr<index_t>(), indices.numel(),
+                                                        num_weights, grad.size(1),
+                                                        grad_weight.mutable_data_ptr<scalar_t>(),
+                                                        counts.mutable_data_ptr<int64_t>());
+        });
+      });
+    }
+    return grad_weight;
+  }
+  check_embedding_bag_backward(grad, indices_in, offset2bag_in, bag_size_in, max_positions, num_weights, mode,
+                               per_sample_weights, padding_idx);
+  const int64_t D = grad.size(1), N = indices_in.numel(), B = grad.size(0);
+  const auto indices = indices_in.contiguous();
+  const auto offset2bag = offset2bag_in.contiguous();
+  const auto bag_size = bag_size_in.contiguous();
+  const auto g = grad.contiguous();
+  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
+  check_bag_values(op, offset2bag.const_data_ptr<int64_t>(), N, B);
+  auto rows = at::empty({1, N}, indices.options().dtype(at::kLong));
+  auto values = at::empty({N, D}, grad.options());
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_weight_backward_cpu", [&] {
+    check_index_values(op, indices.const_data_ptr<index_t>(), N, num_weights);
+    BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_weight_backward_cpu", [&] {
+      sparse_entries<scalar_t, index_t>(g.const_data_ptr<scalar_t>(), indices.const_data_ptr<index_t>(),
+                                        offset2bag.const_data_ptr<int64_t>(), bag_size.const_data_ptr<int64_t>(),
+                                        psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, mode, padding_idx,
+                                        num_weights, D, N, rows.mutable_data_ptr<int64_t>(),
+                                        values.mutable_data_ptr<scalar_t>());
+    });
+  });
+  return sparse_gradient(rows, values, num_weights);
+}
+
 std::string with_isa(const char* name) { return std::string(name) + "<" + cpu::vector_isa_name(cpu::vector_isa()) + ">"; }
 
 KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {with_isa("cpu_bag_loop"), 0}; }
@@ -456,4 +557,5 @@ TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
   m.impl("embedding_bag_backward.out", &baracuda::embedding_bag_backward_out_cpu);
   m.impl("embedding_bag_per_sample_weights_backward", &baracuda::per_sample_weights_backward_cpu);
   m.impl("embedding_bag_per_sample_weights_backward.out", &baracuda::per_sample_weights_backward_out_cpu);
+  m.impl("embedding_bag_weight_backward", &baracuda::embedding_bag_weight_backward_cpu);
 }
