@@ -9,7 +9,8 @@ __all__: list[str] = []
 # ---------------------------------------------------------------------------- rms_norm
 
 from ._dtensor import replicated_like as _replicated_like  # noqa: E402
-from .ops.rms_norm import _RMSNorm, _kernel_weight  # noqa: E402
+from ._errors import BaracudaValueError  # noqa: E402
+from .ops.rms_norm import _RMSNorm, _kernel_weight, rms_norm as _rms_norm  # noqa: E402
 
 __all__ += ["RMSNorm"]
 
@@ -17,15 +18,34 @@ __all__ += ["RMSNorm"]
 class RMSNorm(torch.nn.RMSNorm):
     """Drop-in for ``torch.nn.RMSNorm`` and a subclass of it (same constructor, parameter
     ``weight``, state_dict and repr), computed by ``baracuda::rms_norm`` (eps=None: the
-    computation type's machine epsilon)."""
+    computation type's machine epsilon). The keyword-only ``weight_offset`` and ``casting`` are
+    ``baracuda_ops.rms_norm``'s (``weight_offset=1.0`` with a zero-initialised weight is Gemma's
+    ``1 + w``: initialise it with ``torch.nn.init.zeros_`` then); the module then runs
+    ``baracuda::rms_norm_fused``."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, device=None,
+                 dtype=None, *, weight_offset: float = 0.0, casting: str = "torch") -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        if casting not in ("torch", "llama", "gemma"):
+            raise BaracudaValueError(f'baracuda::rms_norm: casting must be "torch", "llama" or "gemma", got {casting!r}')
+        self.weight_offset = float(weight_offset)
+        self.casting = casting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_offset != 0.0 or self.casting != "torch":
+            return _rms_norm(x, self.normalized_shape, _replicated_like(x, self.weight), self.eps,
+                             weight_offset=self.weight_offset, casting=self.casting)
         weight = self.weight
         if type(x) is not torch.Tensor:  # a DTensor input: a plain weight joins it as Replicate
             weight = _replicated_like(x, weight)
         if weight is not None and weight.dtype != x.dtype:
             weight = _kernel_weight(x, weight)
         return _RMSNorm(x, self.normalized_shape, weight, self.eps)[0]
+
+    def extra_repr(self) -> str:
+        options = "" if self.weight_offset == 0.0 else f", weight_offset={self.weight_offset}"
+        options += "" if self.casting == "torch" else f", casting={self.casting!r}"
+        return super().extra_repr() + options
 
 
 # (rms_norm modules end)

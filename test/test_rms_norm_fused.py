@@ -97,6 +97,31 @@ def test_public_function(device, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_rms_norm_and_module_take_the_variants(device, dtype):
+    # baracuda_ops.rms_norm's keyword-only options and a per-head weight run rms_norm_fused, bit for bit;
+    # without them it is the plain op
+    x, r = random((4, 3, 24), dtype, device), random((4, 3, 24), dtype, device)
+    w, w_heads = random((24,), dtype, device), random((3, 24), dtype, device)
+    for kwargs in ({"residual": r}, {"weight_offset": 1.0, "casting": "gemma"}, {"casting": "llama"}):
+        got = baracuda_ops.rms_norm(x, 24, w, 1e-6, **kwargs)
+        want = baracuda_ops.rms_norm_fused(x, 24, w, 1e-6, **kwargs)
+        for a, b in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(baracuda_ops.rms_norm(x, [24], w_heads), baracuda_ops.rms_norm_fused(x, [24], w_heads),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(baracuda_ops.rms_norm(x, [24], w), torch.ops.baracuda.rms_norm(x, [24], w, None)[0],
+                               rtol=0, atol=0)
+    norm = baracuda_ops.nn.RMSNorm(24, eps=1e-6, device=device, dtype=dtype, weight_offset=1.0, casting="gemma")
+    assert isinstance(norm, torch.nn.RMSNorm) and "casting='gemma'" in repr(norm)
+    torch.nn.init.zeros_(norm.weight)
+    torch.testing.assert_close(norm(x), baracuda_ops.rms_norm_fused(x, 24, norm.weight.detach(), 1e-6,
+                                                                     weight_offset=1.0, casting="gemma"),
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match='baracuda::rms_norm: casting must be "torch", "llama" or "gemma"'):
+        baracuda_ops.nn.RMSNorm(24, casting="fp8")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("casting", ["torch", "llama"])
 def test_backward_matches_float64_autograd(device, dtype, casting):
     for (shape, ns, wshape), wdt, rdt in itertools.product(CASES, _weight_dtypes(dtype), _residual_dtypes(dtype)):

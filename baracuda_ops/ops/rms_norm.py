@@ -64,12 +64,30 @@ def rms_norm(
     normalized_shape: Sequence[int] | int,
     weight: torch.Tensor | None = None,
     eps: float | None = None,
-) -> torch.Tensor:
+    *,
+    residual: torch.Tensor | None = None,
+    residual_dtype: torch.dtype | None = None,
+    weight_offset: float = 0.0,
+    casting: str = "torch",
+):
     """Same result (and argument names) as ``torch.nn.functional.rms_norm``; differentiable w.r.t.
     ``input`` and ``weight`` (once: a gradient of the gradient raises NotImplementedError). A
-    weight of another floating dtype than the op takes is converted first (see ``_kernel_weight``)."""
+    weight of another floating dtype than the op takes is converted first (see ``_kernel_weight``).
+
+    The keyword-only options, and a per-head weight (shape ``(H, D)`` for ``[..., H, D]`` input
+    normalized over ``D``), are :func:`baracuda_ops.rms_norm_fused`'s: with ``residual``,
+    ``h = input + residual`` is normalized and ``(y, h)`` returned (the pre-norm residual stream,
+    ``h`` in ``residual_dtype``); ``weight_offset`` scales by ``weight + weight_offset`` (Gemma's
+    ``1 + w``); ``casting`` is ``"torch"`` (this function), ``"llama"`` or ``"gemma"`` (Hugging
+    Face's LlamaRMSNorm / GemmaRMSNorm arithmetic)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if (residual is not None or residual_dtype is not None or weight_offset != 0.0 or casting != "torch"
+            or (weight is not None and weight.dim() != len(normalized_shape))):
+        from .rms_norm_fused import rms_norm_fused  # that module imports this one
+
+        return rms_norm_fused(input, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype,
+                              weight_offset=weight_offset, casting=casting)
     try:
         if weight is not None and weight.dtype != input.dtype:
             weight = _kernel_weight(input, weight)
