@@ -4,7 +4,7 @@
 # benchmark; logs under $OUT, a short summary table last.
 #
 #   STAGES="build test sanitize bench" ONLY=<families, comma-separated> BENCH_ARGS="--full" \
-#   TEST_FILES_IN_PARALLEL=1 (one pytest process per test file, then the big_memory tests) \
+#   TEST_FILES_IN_PARALLEL=1 (one pytest process per test file, then the big_memory tests unless BIG_MEMORY=0) \
 #   BENCH_CASES="<'|'-separated case-name substrings>" \
 #   SANITIZERS="memcheck racecheck initcheck synccheck" bash tools/gpu_check.sh
 #
@@ -71,11 +71,13 @@ if stage test; then
       [ $r -eq 5 ] && r=0  # no test of this file matched the ONLY filter
       [ $r -gt $rc ] && rc=$r
     done
-    python3 -m pytest test -q -rfEs -p no:logging -p no:cacheprovider -m big_memory "${filter[@]}" \
-      > /tmp/tests_test_big_memory.log 2>&1
-    r=$?
-    [ $r -eq 5 ] && r=0
-    [ $r -gt $rc ] && rc=$r
+    if [ "${BIG_MEMORY:-1}" = 1 ]; then
+      python3 -m pytest test -q -rfEs -p no:logging -p no:cacheprovider -m big_memory "${filter[@]}" \
+        > /tmp/tests_test_big_memory.log 2>&1
+      r=$?
+      [ $r -eq 5 ] && r=0
+      [ $r -gt $rc ] && rc=$r
+    fi
     : > "$OUT/tests.log"
     for f in /tmp/tests_test_*.log; do { echo "=== $f"; cat "$f"; } >> "$OUT/tests.log"; done
     for f in /tmp/tests_test_*.log; do echo "$(basename "$f" .log): $(tail -1 "$f")"; done >> "$OUT/tests.log"
