@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import baracuda_ops
-from baracuda_ops.ops.alibi import reference, reference_slope_grad
+from baracuda_ops.bench.alibi import reference, reference_slope_grad
 from helpers import FLOAT_DTYPES, assert_close, check_compile_matches_eager, random
 
 

@@ -48,12 +48,12 @@ def _liger_rms_norm():
     return make
 
 
-def _norm_factories() -> dict[str, Callable]:
+def _norm_factories(device: torch.device) -> dict[str, Callable]:
     factories = {
         "torch": lambda hidden, device, dtype: nn.RMSNorm(hidden, device=device, dtype=dtype),
         "ours": lambda hidden, device, dtype: baracuda_ops.nn.RMSNorm(hidden, device=device, dtype=dtype),
     }
-    liger = _liger_rms_norm()
+    liger = _liger_rms_norm() if device.type == "cuda" else None  # Liger's kernels are Triton: CUDA only
     if liger is not None:
         factories["liger"] = liger
     return factories
@@ -177,7 +177,7 @@ def _lm_loss(out, target):
 def _llama(name, hidden, dtype, device, smoke):
     vocab, layers, seq, batch = (256, 1, 16, 2) if smoke else (32000, 4, 1024, 4)
     heads = max(hidden // 128, 2) if not smoke else 2
-    factories = _norm_factories()
+    factories = _norm_factories(device)
 
     def build(variant):
         torch.manual_seed(0)

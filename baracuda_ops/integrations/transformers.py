@@ -14,12 +14,8 @@ The arithmetic of each family's norm (transformers' ``modeling_<family>.py``), w
 - ``"gemma"`` (Gemma, Gemma2, Gemma3 including ``q_norm``/``k_norm``):
   ``round(x̂ · (1 + w))``, the product in float32, eps in ``eps``.
 
-Where ``baracuda_ops.rms_norm_fused`` exists it is called with ``casting="llama"`` or
-``casting="gemma", weight_offset=1.0``, which reproduce those. Otherwise
-``baracuda_ops.rms_norm`` computes ``round(x̂ · w)`` with one rounding: for ``"llama"`` that
-is HF's result in float32 and within one rounding of the input dtype in bfloat16/float16
-(HF rounds ``x̂`` before the weight product); for ``"gemma"`` it is called with the float32
-weight ``1 + w`` and its float32 result rounded to the input dtype, HF's single rounding.
+``baracuda_ops.rms_norm_fused`` is called with ``casting="llama"`` or ``casting="gemma",
+weight_offset=1.0``, which reproduce those.
 
 Nothing changes silently: before patching, each norm class's new forward is checked
 against the class's own forward on random float32 and bfloat16 inputs (within the
@@ -59,31 +55,19 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
 _ALIBI_LAYERNORM_FAMILIES = ("bloom", "mpt", "falcon")
 
 
-def _llama_forward_plain(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    return baracuda_ops.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
-
-
-def _gemma_forward_plain(self, x: torch.Tensor) -> torch.Tensor:
-    weight = 1.0 + self.weight.float()
-    return baracuda_ops.rms_norm(x, weight.shape, weight, self.eps).to(x.dtype)
-
-
-def _llama_forward_fused(self, hidden_states: torch.Tensor) -> torch.Tensor:
+def _llama_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return baracuda_ops.rms_norm_fused(hidden_states, self.weight.shape, self.weight, self.variance_epsilon,
                                        casting="llama")
 
 
-def _gemma_forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+def _gemma_forward(self, x: torch.Tensor) -> torch.Tensor:
     return baracuda_ops.rms_norm_fused(x, self.weight.shape, self.weight, self.eps, weight_offset=1.0,
                                        casting="gemma")
 
 
 def _forward_for(arithmetic: str) -> Callable:
-    """The forward of a norm of this arithmetic: the exact-casting op where it exists."""
-    fused = hasattr(baracuda_ops, "rms_norm_fused")
-    if arithmetic == "llama":
-        return _llama_forward_fused if fused else _llama_forward_plain
-    return _gemma_forward_fused if fused else _gemma_forward_plain
+    """The forward of a norm of this arithmetic."""
+    return _llama_forward if arithmetic == "llama" else _gemma_forward
 
 
 # ---------------------------------------------------------------------------- the check

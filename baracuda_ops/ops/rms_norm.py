@@ -82,13 +82,13 @@ def rms_norm(
     Face's LlamaRMSNorm / GemmaRMSNorm arithmetic)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if (residual is not None or residual_dtype is not None or weight_offset != 0.0 or casting != "torch"
-            or (weight is not None and weight.dim() != len(normalized_shape))):
-        from .rms_norm_fused import rms_norm_fused  # that module imports this one
-
-        return rms_norm_fused(input, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype,
-                              weight_offset=weight_offset, casting=casting)
     try:
+        if (residual is not None or residual_dtype is not None or weight_offset != 0.0 or casting != "torch"
+                or (weight is not None and weight.dim() != len(normalized_shape))):
+            from .rms_norm_fused import rms_norm_fused  # that module imports this one
+
+            return rms_norm_fused(input, normalized_shape, weight, eps, residual=residual,
+                                  residual_dtype=residual_dtype, weight_offset=weight_offset, casting=casting)
         if weight is not None and weight.dtype != input.dtype:
             weight = _kernel_weight(input, weight)
         return _RMSNorm(input, normalized_shape, weight, eps)[0]

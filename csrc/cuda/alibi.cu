@@ -198,6 +198,7 @@ at::Tensor alibi_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
 // contiguous result copied back.
 void alibi_inplace_cuda(const at::Tensor& scores, const at::Tensor& slopes) {
   check_alibi_args(kAlibiInplaceOp, "scores", scores, slopes);
+  check_no_overlap(kAlibiInplaceOp, {{"scores", scores}}, {{"slopes", slopes}});
   if (scores.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(scores.device());
   cuda::check_device_arch(kAlibiInplaceOp);
