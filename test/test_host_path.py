@@ -44,7 +44,9 @@ class _PythonCalls:
 
     def __enter__(self):
         def hook(frame, event, arg):
-            if event == "call" and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            # (the import hook of _dtensor.py runs when PyTorch imports a module lazily, not per op call)
+            if (event == "call" and frame.f_code.co_filename.startswith(PACKAGE_DIR)
+                    and frame.f_code.co_name != "find_spec"):
                 self.calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
         sys.setprofile(hook)
         return self

@@ -178,7 +178,9 @@ def alibi_bias(
             raise BaracudaValueError(
                 f"{op}: slopes must be a float tensor of shape [{num_heads}], got {slopes.dtype} {list(slopes.shape)}"
             )
-        if device is not None and slopes.device != torch.device(device):
+        want = None if device is None else torch.device(device)
+        if want is not None and (slopes.device.type != want.type or
+                                 (want.index is not None and slopes.device.index != want.index)):
             raise BaracudaValueError(f"{op}: slopes are on {slopes.device}, expected {device}")
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     device = slopes.device
