@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from . import BenchCase, SelfCheck
+from .rms_norm import _quack
 
 _EPS = torch.finfo(torch.float32).eps
 
@@ -76,14 +77,6 @@ def _liger():
     except ImportError:
         return None
     return LigerFusedAddRMSNormFunction
-
-
-def _quack():
-    try:
-        from quack.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
-    except Exception:  # not installed, or its CUDA library is missing
-        return None
-    return rmsnorm_fwd, rmsnorm_bwd
 
 
 def _unfused(x, r, w, n):

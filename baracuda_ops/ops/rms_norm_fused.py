@@ -52,6 +52,8 @@ from .._autograd import differentiable_op, op_without_backward
 from .._errors import BaracudaTypeError, BaracudaValueError
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
+from .rms_norm import _FLOATS, _acc_dtype, _check_dims, _rstd_shape
+from .rms_norm import _kernel_weight as _plain_kernel_weight
 
 __all__ = [
     "rms_norm_fused",
@@ -64,7 +66,6 @@ __all__ = [
     "RMSNormFusedBackwardPlan",
 ]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HALF = (torch.float16, torch.bfloat16)
 _CASTINGS = ("torch", "llama", "gemma")
 
@@ -135,21 +136,10 @@ def rms_norm_quant(
     return out if residual is None else out + (h,)
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _kernel_weight(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor | None:
-    """The weight in a dtype the op takes, where converting it is exact and the result the same:
-    a floating weight that is neither x's dtype nor float32 on a half x goes to the computation
-    type (float32; float64 for float64 x), which every casting mode multiplies in and whose
-    promotion with x is the same. A float64 weight on a non-float64 x is left for the op's error."""
-    if weight is None or weight.dtype == x.dtype or x.dtype not in _FLOATS or weight.dtype not in _FLOATS:
-        return weight
-    computation = _acc_dtype(x.dtype)
-    if weight.dtype == computation or (weight.dtype == torch.float64 and computation != torch.float64):
-        return weight
-    return weight.to(computation)
+    """The weight in a dtype the op takes (rms_norm's rule, which every casting mode shares: the
+    computation type is what each multiplies in, and its promotion with x is the same)."""
+    return weight if weight is None or weight.dtype == x.dtype else _plain_kernel_weight(x, weight)
 
 
 def _check_casting(op: str, casting: str) -> None:
@@ -163,19 +153,7 @@ def _output_dtype(dtype: torch.dtype, weight_dtype: torch.dtype | None, casting:
     return dtype
 
 
-def _check_dims(op: str, input_shape: Sequence, normalized_shape: Sequence) -> None:
-    """What the fakes can check without guarding on symbolic sizes."""
-    if len(normalized_shape) == 0:
-        raise BaracudaValueError(f"baracuda::{op}: normalized_shape must have at least 1 dim, got []")
-    if len(normalized_shape) > len(input_shape):
-        raise BaracudaValueError(
-            f"baracuda::{op}: normalized_shape {list(normalized_shape)} does not match the trailing dims of "
-            f"input shape {list(input_shape)}"
-        )
 
-
-def _rstd_shape(input_shape: Sequence, normalized_dims: int) -> list:
-    return list(input_shape[: len(input_shape) - normalized_dims]) + [1] * normalized_dims
 
 
 def _forward_fake(op, x, residual, normalized_shape, weight, casting):
