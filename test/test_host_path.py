@@ -16,7 +16,7 @@ import baracuda_ops
 from helpers import assert_close, opcheck
 
 PACKAGE_DIR = os.path.dirname(baracuda_ops.__file__)
-ROOT = os.path.dirname(PACKAGE_DIR)
+TOOLS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 
 
 def _module_cases(device):
@@ -166,7 +166,7 @@ def test_host_timing_runs(device):
 def test_train_bench_smoke():
     # tools/train_bench.py --smoke: every model and variant, tiny sizes on CPU; ours trains like
     # PyTorch's modules (the loss curves agree within rounding).
-    spec = importlib.util.spec_from_file_location("train_bench", os.path.join(ROOT, "tools", "train_bench.py"))
+    spec = importlib.util.spec_from_file_location("train_bench", os.path.join(TOOLS_DIR, "train_bench.py"))
     train_bench = importlib.util.module_from_spec(spec)
     sys.modules["train_bench"] = train_bench  # (its dataclass looks its module up there)
     spec.loader.exec_module(train_bench)
