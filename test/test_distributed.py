@@ -172,6 +172,116 @@ def check_rms_norm(world: int) -> None:
         ops.rms_norm(distribute_tensor(x.detach(), mesh, [Shard(2)]), [8], None, None)
 
 
+def check_rms_norm_fused(world: int) -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    import baracuda_ops
+
+    mesh = _mesh(world)
+    ops = torch.ops.baracuda
+    _seeded()
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(world + 1, 2 * world + 1, 16, dtype=dtype)  # uneven shards
+        r, w, g = torch.randn_like(x), torch.randn(16, dtype=dtype), torch.randn_like(x)
+        for dim in (0, 1):
+            s = Shard(dim)
+            y, h, rstd = _check(ops.rms_norm_fused, [x, r, [16], w, None, 0.5, "llama"],
+                                [[s], [s], None, [Replicate()], None, None, None], mesh, expect=[[s], [s], [s]],
+                                exact=(0, 1, 2))
+            _check(ops.rms_norm_fused_backward, [g, g, h.full_tensor(), [16], rstd.full_tensor(), w, 0.5, "llama",
+                                                 dtype, [True, False, True]],
+                   [[s], [s], [s], None, [s], [Replicate()], None, None, None, None], mesh,
+                   expect=[[s], None, [Partial()]], exact=(0,))
+            # without a residual: residual_out is the empty [0] tensor, Replicate
+            _check(ops.rms_norm_fused, [x, None, [16], w, 1e-5, 0.0, "gemma"],
+                   [[s], None, None, [Replicate()], None, None, None], mesh, expect=[[s], [Replicate()], [s]],
+                   exact=(0, 1, 2))
+            # quantized: per-row scales sharded like the rows; a static scale Replicate
+            for scale in (None, torch.tensor([0.05])):
+                q, _, row_scale = _check(
+                    ops.rms_norm_quant, [x, r, [16], w, None, 0.0, "torch", scale],
+                    [[s], [s], None, [Replicate()], None, None, None, None if scale is None else [Replicate()]],
+                    mesh, expect=[[s], [s], [s] if scale is None else [Replicate()]], exact=(1, 2), local=(0,))
+                want = ops.rms_norm_quant(x, r, [16], w, None, 0.0, "torch", scale)[0]
+                assert torch.equal(q.full_tensor().view(torch.uint8), want.view(torch.uint8)), "rms_norm_quant q"
+    # per-head weight (QK-norm): the heads sharded (tensor parallel) take their weight rows; dW sharded alike
+    x = torch.randn(2, 3, 2 * world, 8)
+    w, g = torch.randn(2 * world, 8), torch.randn(2, 3, 2 * world, 8)
+    y, _, rstd = _check(ops.rms_norm_fused, [x, None, [8], w, None, 0.0, "torch"],
+                        [[Shard(2)], None, None, [Shard(0)], None, None, None], mesh,
+                        expect=[[Shard(2)], [Replicate()], [Shard(2)]], exact=(0, 2))
+    _check(ops.rms_norm_fused_backward, [g, None, x, [8], rstd.full_tensor(), w, 0.0, "torch", x.dtype,
+                                         [True, False, True]],
+           [[Shard(2)], None, [Shard(2)], None, [Shard(2)], [Shard(0)], None, None, None, None], mesh,
+           expect=[[Shard(2)], None, [Shard(0)]], exact=(0, 2))
+    # the functional form with a residual, differentiated through DTensors (sequence parallel)
+    x = torch.randn(2, 4 * world, 8, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(2, 4 * world, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    y, h = baracuda_ops.rms_norm_fused(x, [8], w, residual=r, casting="llama")
+    (y.pow(2).sum() + h.sin().sum()).backward()
+    dx, dr = (distribute_tensor(t.detach(), mesh, [Shard(1)]).requires_grad_() for t in (x, r))
+    dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
+    y, h = baracuda_ops.rms_norm_fused(dx, [8], dw, residual=dr, casting="llama")
+    assert y.placements == h.placements == (Shard(1),)
+    (y.pow(2).sum() + h.sin().sum()).backward()
+    _same(dx.grad, x.grad, True, "rms_norm_fused dx")
+    _same(dr.grad, r.grad, True, "rms_norm_fused dresidual")
+    _same(dw.grad, w.grad, False, "rms_norm_fused dW")
+    with pytest.raises(NotImplementedError, match=r"baracuda::rms_norm_fused: input placement Shard\(dim=2\) on "
+                                                  r"mesh dim 0 shards normalized dim 2"):
+        ops.rms_norm_fused(distribute_tensor(x.detach(), mesh, [Shard(2)]), None, [8], None, None, 0.0, "torch")
+
+
+class _FusedBlock(torch.nn.Module):
+    """A pre-norm block whose second norm takes the residual add: ``y, h = norm2(a, residual=x)``."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.Parameter(torch.rand(dim) + 0.5), torch.nn.Parameter(torch.rand(dim) + 0.5)
+        self.wi, self.wo = torch.nn.Linear(dim, hidden, bias=False), torch.nn.Linear(hidden, dim, bias=False)
+        self.w1, self.w2 = torch.nn.Linear(dim, hidden, bias=False), torch.nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        import baracuda_ops
+
+        dim = x.shape[-1]
+        a = self.wo(torch.relu(self.wi(baracuda_ops.rms_norm_fused(x, [dim], self.norm1, casting="llama"))))
+        y, h = baracuda_ops.rms_norm_fused(a, [dim], self.norm2, residual=x, casting="llama")
+        return h + self.w2(torch.relu(self.w1(y)))
+
+
+def check_tp_sp_fused_block(world: int) -> None:
+    """Tensor + sequence parallel over a block with the fused residual add + norm: the sequence-sharded
+    residual stream and norms between column- and row-parallel linears, equal to the full block."""
+    import copy
+
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = _mesh(world)
+    _seeded()
+    block = _FusedBlock(8, 4 * world).double()
+    reference = copy.deepcopy(block)
+    x = torch.randn(2, 2 * world, 8, dtype=torch.float64)
+    reference(x).pow(2).sum().backward()
+    parallelize_module(block, mesh, {
+        "wi": ColwiseParallel(input_layouts=Shard(1)), "wo": RowwiseParallel(output_layouts=Shard(1),
+                                                                             use_local_output=False),
+        "w1": ColwiseParallel(input_layouts=Shard(1)), "w2": RowwiseParallel(output_layouts=Shard(1),
+                                                                             use_local_output=False),
+    })
+    for name in ("norm1", "norm2"):
+        weight = distribute_tensor(getattr(block, name).detach(), mesh, [Replicate()])
+        setattr(block, name, torch.nn.Parameter(weight))
+    out = block(distribute_tensor(x, mesh, [Shard(1)]))
+    assert out.placements == (Shard(1),)
+    _same(out, reference(x).detach(), False, "TP+SP block output")
+    out.pow(2).sum().backward()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(_full(block.get_parameter(name).grad), p.grad, msg=lambda m: f"d{name}: {m}")
+
+
 def check_repeat(world: int) -> None:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
@@ -399,12 +509,14 @@ def check_training_fsdp_x_tp(world: int) -> None:
 
 
 def test_two_ranks():
-    _run_group(2, ["check_rms_norm", "check_repeat", "check_alibi", "check_fractional_max_pool", "check_embedding_bag",
+    _run_group(2, ["check_rms_norm", "check_rms_norm_fused", "check_tp_sp_fused_block", "check_repeat", "check_alibi",
+                   "check_fractional_max_pool", "check_embedding_bag",
                    "check_training_fsdp_and_tp", "check_training_tp_compiled"])
 
 
 def test_four_ranks():
-    _run_group(4, ["check_rms_norm", "check_embedding_bag", "check_two_dim_mesh", "check_training_fsdp_x_tp"])
+    _run_group(4, ["check_rms_norm", "check_rms_norm_fused", "check_embedding_bag", "check_two_dim_mesh",
+                   "check_training_fsdp_x_tp"])
 
 
 def test_rules_register_on_first_use_of_dtensor():
@@ -419,7 +531,8 @@ def test_rules_register_on_first_use_of_dtensor():
         "from torch.distributed.tensor import DTensor\n"
         "rules = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n"
         "ops = [getattr(torch.ops.baracuda, name).default for name in ('repeat', 'repeat_backward', 'rms_norm',\n"
-        "       'rms_norm_backward', 'alibi', 'alibi_inplace', 'alibi_backward', 'fractional_max_pool2d',\n"
+        "       'rms_norm_backward', 'rms_norm_fused', 'rms_norm_fused_backward', 'rms_norm_quant',\n"
+        "       'alibi', 'alibi_inplace', 'alibi_backward', 'fractional_max_pool2d',\n"
         "       'fractional_max_pool2d_backward', 'fractional_max_pool3d', 'fractional_max_pool3d_backward',\n"
         "       'embedding_bag', 'embedding_bag_backward', 'embedding_bag_per_sample_weights_backward')]\n"
         "missing = [str(op) for op in ops if op not in rules]\n"

@@ -52,19 +52,24 @@ def _inputs():
     return torch.randint(0, _TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.parametrize("fused_add", [False, True], ids=["norms", "norms+fused_add"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("model_type", list(_MODELS))
-def test_apply_keeps_logits_grads_and_state_dict(model_type, dtype):
+def test_apply_keeps_logits_grads_and_state_dict(model_type, dtype, fused_add):
     model = _build(model_type, dtype)
     ids = _inputs()
     want_logits, want_grads = _logits_and_grads(model, ids)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     classes = {n: type(m) for n, m in model.named_modules()}
 
-    replaced = hf.apply(model)
+    replaced = hf.apply(model, fused_add_rms_norm=fused_add)
 
     norm_class = hf.FAMILIES[model_type][1][0]
-    assert len(replaced) == _MODELS[model_type][3] and set(replaced.values()) == {norm_class}
+    layer_class = hf.LAYERS[model_type][0]
+    norms = {n for n, c in replaced.items() if c == norm_class}
+    layers = {n for n, c in replaced.items() if c == layer_class}
+    assert len(norms) == _MODELS[model_type][3] and norms | layers == set(replaced)
+    assert layers == ({f"model.layers.{i}" for i in range(_TINY["num_hidden_layers"])} if fused_add else set())
     for name in replaced:
         module = model.get_submodule(name)
         assert isinstance(module, classes[name]) and type(module) is not classes[name]
@@ -82,7 +87,7 @@ def test_apply_keeps_logits_grads_and_state_dict(model_type, dtype):
 
 def test_patched_norms_call_baracuda(monkeypatch):
     model = _build("qwen3")
-    hf.apply(model)
+    hf.apply(model, fused_add_rms_norm=False)
     calls = []
     real = baracuda_ops.rms_norm_fused
     monkeypatch.setattr(baracuda_ops, "rms_norm_fused", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
@@ -90,15 +95,41 @@ def test_patched_norms_call_baracuda(monkeypatch):
     assert len(calls) == _MODELS["qwen3"][3] and set(calls) == {1e-5}  # eps carried (variance_epsilon)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gemma2"])
 def test_compile_fullgraph(model_type):
     model = _build(model_type)
-    hf.apply(model)
+    replaced = hf.apply(model)
+    assert hf.LAYERS[model_type][0] in replaced.values()  # the fused residual add + norm is compiled too
     ids = _inputs()
     eager = model(input_ids=ids, use_cache=False).logits
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(input_ids=ids, use_cache=False).logits, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_fused_add_norm_takes_the_residual(monkeypatch, model_type):
+    # Each layer's add before its middle norm (llama: post_attention_layernorm; gemma2:
+    # pre_feedforward_layernorm) is one rms_norm_fused call with the residual.
+    model = _build(model_type)
+    hf.apply(model, rms_norm=False)
+    residuals = []
+    real = baracuda_ops.rms_norm_fused
+    monkeypatch.setattr(baracuda_ops, "rms_norm_fused",
+                        lambda *a, **k: residuals.append(k.get("residual") is not None) or real(*a, **k))
+    model(input_ids=_inputs(), use_cache=False)
+    assert residuals == [True] * _TINY["num_hidden_layers"]
+
+
+def test_a_layer_that_fails_the_check_leaves_the_model_unpatched(monkeypatch):
+    # Gemma2's sandwich layer claimed to be Llama-shaped: the probe against HF's own forward catches it,
+    # and the norms (which pass their own check) are not patched either.
+    monkeypatch.setitem(hf.LAYERS, "gemma2", ("Gemma2DecoderLayer", "pre_norm"))
+    model = _build("gemma2")
+    classes = {n: type(m) for n, m in model.named_modules()}
+    with pytest.warns(UserWarning, match="Gemma2DecoderLayer on torch.float32: differs from HF's forward by up to"):
+        assert hf.apply(model) == {}
+    assert all(type(m) is classes[n] for n, m in model.named_modules())
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma2"])
@@ -150,7 +181,7 @@ def test_patch_transformers_before_the_model_is_built():
         patched = hf.patch_transformers(models=["qwen3"])
         assert patched == {"Qwen3RMSNorm": "transformers.models.qwen3.modeling_qwen3"}
         model = _build("qwen3")
-        assert hf.apply(model) == {}  # its classes run on baracuda already
+        assert hf.apply(model, fused_add_rms_norm=False) == {}  # its norm classes run on baracuda already
         got_logits, got_grads = _logits_and_grads(model, ids)
     finally:
         assert hf.unpatch_transformers() == ["Qwen3RMSNorm"]

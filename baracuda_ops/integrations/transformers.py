@@ -70,11 +70,126 @@ def _forward_for(arithmetic: str) -> Callable:
     return _llama_forward if arithmetic == "llama" else _gemma_forward
 
 
+# ---------------------------------------------------------------------------- decoder layers
+#
+# Fused residual add + norm: where a decoder layer computes ``h = residual + x`` and then
+# ``norm(h)`` with ``h`` kept as the next residual, one ``rms_norm_fused(x, residual=residual)``
+# returns both ``(norm(h), h)``: h is written once and not read back for the norm. ``h`` is
+# rounded to the residual's dtype as HF's ``residual + x`` is. The add before the next
+# layer's ``input_layernorm`` stays in the layer: fusing it would change what a layer returns,
+# which the model's own loop reads.
+
+
+def _llama_add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor):
+    return baracuda_ops.rms_norm_fused(x, norm.weight.shape, norm.weight, norm.variance_epsilon,
+                                       residual=residual, casting="llama")
+
+
+def _gemma_add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor):
+    return baracuda_ops.rms_norm_fused(x, norm.weight.shape, norm.weight, norm.eps, residual=residual,
+                                       weight_offset=1.0, casting="gemma")
+
+
+def _pre_norm_layer_forward(add_norm: Callable) -> Callable:
+    """Llama's layer: ``h = r + attn(in_norm(r)); out = h + mlp(post_attention_layernorm(h))``."""
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        hidden_states, residual = add_norm(self.post_attention_layernorm, hidden_states, residual)
+        return residual + self.mlp(hidden_states)
+
+    return forward
+
+
+def _sandwich_layer_forward(add_norm: Callable) -> Callable:
+    """Gemma 2/3's layer: ``h = r + post_attention_layernorm(attn(in_norm(r)));
+    out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``."""
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        hidden_states, residual = add_norm(self.pre_feedforward_layernorm,
+                                           self.post_attention_layernorm(hidden_states), residual)
+        return residual + self.post_feedforward_layernorm(self.mlp(hidden_states))
+
+    return forward
+
+
+_ADD_NORMS = {"llama": _llama_add_norm, "gemma": _gemma_add_norm}
+_LAYER_FORWARDS = {
+    (structure, arithmetic): make(add_norm)
+    for structure, make in (("pre_norm", _pre_norm_layer_forward), ("sandwich", _sandwich_layer_forward))
+    for arithmetic, add_norm in _ADD_NORMS.items()
+}
+
+# model_type -> (decoder layer class name, structure of its forward)
+LAYERS: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaDecoderLayer", "pre_norm"),
+    "mistral": ("MistralDecoderLayer", "pre_norm"),
+    "qwen2": ("Qwen2DecoderLayer", "pre_norm"),
+    "qwen3": ("Qwen3DecoderLayer", "pre_norm"),
+    "gemma": ("GemmaDecoderLayer", "pre_norm"),
+    "gemma2": ("Gemma2DecoderLayer", "sandwich"),
+    "gemma3": ("Gemma3DecoderLayer", "sandwich"),
+    "gemma3_text": ("Gemma3DecoderLayer", "sandwich"),
+}
+
+# relative to the layer output's largest magnitude: one layer of float32 / bfloat16 rounding
+_LAYER_TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def _check_layer(cls: type, layer: torch.nn.Module, forward: Callable) -> str | None:
+    """``_compare_layer`` once per layer class, forward and weight dtype."""
+    weight = next(layer.parameters(), None)
+    key = (cls, forward, None if weight is None else weight.dtype)
+    if key not in _layers_checked:
+        _layers_checked[key] = _compare_layer(cls, layer, forward)
+    return _layers_checked[key]
+
+
+def _compare_layer(cls: type, layer: torch.nn.Module, forward: Callable) -> str | None:
+    """None when ``forward`` matches the layer class's own forward on a probe input (the
+    layer's own weights, device and dtype; no mask; random rotary cos/sin), else why not."""
+    weight = next(layer.parameters(), None)
+    if weight is None or weight.device.type == "meta" or not weight.dtype.is_floating_point:
+        return f"{cls.__name__}: no materialized floating-point weights to probe"
+    head_dim = getattr(getattr(layer, "self_attn", None), "head_dim", None)
+    hidden = getattr(getattr(layer, "input_layernorm", None), "weight", None)
+    if head_dim is None or hidden is None:
+        return f"{cls.__name__}: no self_attn.head_dim or input_layernorm.weight"
+    generator = torch.Generator().manual_seed(0)
+    seq = 4
+
+    def rand(*shape):
+        return torch.randn(shape, generator=generator).to(device=weight.device, dtype=weight.dtype)
+
+    x = rand(1, seq, hidden.shape[-1])
+    kwargs = dict(attention_mask=None, position_ids=torch.arange(seq, device=weight.device)[None],
+                  position_embeddings=(rand(1, seq, head_dim), rand(1, seq, head_dim)))
+    training = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            want, got = cls.forward(layer, x, **kwargs), forward(layer, x, **kwargs)
+    except Exception as e:  # noqa: BLE001  (the reason goes into the warning)
+        return f"{cls.__name__}: {type(e).__name__}: {e}"
+    finally:
+        layer.train(training)
+    if not isinstance(want, torch.Tensor) or want.dtype != got.dtype or want.shape != got.shape:
+        return f"{cls.__name__}: HF's forward returns {type(want).__name__}, not a tensor like ours"
+    err = (got.float() - want.float()).abs().max().item()
+    if not err <= _LAYER_TOLERANCES.get(want.dtype, 2e-2) * max(want.float().abs().max().item(), 1.0):
+        return f"{cls.__name__} on {want.dtype}: differs from HF's forward by up to {err:.3g}"
+    return None
+
+
 # ---------------------------------------------------------------------------- the check
 
 
 _CHECK_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
 _checked: dict[tuple[type, Callable], str | None] = {}
+_layers_checked: dict[tuple[type, Callable, torch.dtype | None], str | None] = {}
 _original_forward: dict[type, Callable] = {}  # classes patched by patch_transformers
 
 
@@ -129,12 +244,13 @@ def _model_type(model: torch.nn.Module) -> str | None:
     return getattr(config, "model_type", None)
 
 
-def apply(model: torch.nn.Module, rms_norm: bool = True) -> dict[str, str]:
-    """Patches the RMSNorm modules of a built Hugging Face model in place.
+def apply(model: torch.nn.Module, rms_norm: bool = True, fused_add_rms_norm: bool = True) -> dict[str, str]:
+    """Patches a built Hugging Face model in place: its RMSNorm modules (``rms_norm``) and
+    its decoder layers' residual add + norm (``fused_add_rms_norm``).
 
     Returns ``{module name: original class name}`` of what it replaced (empty when nothing
     was patched); :func:`revert` undoes it. A model of an unknown family, or one whose
-    norms do not pass the check, is left unchanged with a warning.
+    norms or layers do not pass the check, is left unchanged with a warning.
     """
     model_type = _model_type(model)
     if model_type in _ALIBI_LAYERNORM_FAMILIES:
@@ -152,24 +268,28 @@ def apply(model: torch.nn.Module, rms_norm: bool = True) -> dict[str, str]:
             stacklevel=2,
         )
         return {}
-    if not rms_norm:
-        return {}
     _, class_names, arithmetic = FAMILIES[model_type]
-    forward = _forward_for(arithmetic)
-    plan: list[tuple[str, torch.nn.Module, type]] = []
-    for name, module in model.named_modules():
-        cls = type(module)
-        if cls.__name__ in class_names and cls.__module__.startswith("transformers.") and cls not in _original_forward:
-            reason = _check(cls, module, forward)
-            if reason is not None:
-                warnings.warn(
-                    f"baracuda_ops.integrations.transformers.apply: {reason}; model left unchanged", stacklevel=2
-                )
-                return {}
-            plan.append((name, module, cls))
-    for _, module, cls in plan:
+    wanted: list[tuple[tuple[str, ...], Callable, Callable]] = []  # (class names, forward, check)
+    if rms_norm:
+        wanted.append((class_names, _forward_for(arithmetic), _check))
+    if fused_add_rms_norm:
+        layer_name, structure = LAYERS[model_type]
+        wanted.append(((layer_name,), _LAYER_FORWARDS[(structure, arithmetic)], _check_layer))
+    plan: list[tuple[str, torch.nn.Module, type, Callable]] = []
+    for names, forward, check in wanted:
+        for name, module in model.named_modules():
+            cls = type(module)
+            if cls.__name__ in names and cls.__module__.startswith("transformers.") and cls not in _original_forward:
+                reason = check(cls, module, forward)
+                if reason is not None:
+                    warnings.warn(
+                        f"baracuda_ops.integrations.transformers.apply: {reason}; model left unchanged", stacklevel=2
+                    )
+                    return {}
+                plan.append((name, module, cls, forward))
+    for _, module, cls, forward in plan:
         module.__class__ = _patched_class(cls, forward)
-    return {name: cls.__name__ for name, _, cls in plan}
+    return {name: cls.__name__ for name, _, cls, _ in plan}
 
 
 def revert(model: torch.nn.Module) -> list[str]:

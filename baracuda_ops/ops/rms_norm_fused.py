@@ -48,11 +48,12 @@ from typing import Sequence
 
 import torch
 
+from .. import _dtensor
 from .._autograd import differentiable_op, op_without_backward
 from .._errors import BaracudaTypeError, BaracudaValueError
 from .._plan import InvalidProblemError, Plan, PlanPreference, Workspace, plan_errors
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
-from .rms_norm import _FLOATS, _acc_dtype, _check_dims, _rstd_shape
+from .rms_norm import _FLOATS, _acc_dtype, _check_dims, _rstd_shape, row_norm_sharding
 from .rms_norm import _kernel_weight as _plain_kernel_weight
 
 __all__ = [
@@ -260,6 +261,70 @@ torch.library.register_autograd("baracuda::rms_norm_fused_backward", _refuse_dou
                                 setup_context=lambda ctx, inputs, output: None)
 _RMSNormFused = differentiable_op("rms_norm_fused", _backward, _setup_context)
 _RMSNormFusedBackward = op_without_backward("rms_norm_fused_backward", _DOUBLE_BACKWARD)
+
+
+# --------------------------------------------------------------------------- DTensor sharding
+#
+# rms_norm's rules (rows are independent): a Shard of a dim before the normalized ones passes
+# through to y, residual_out (h), rstd and the per-row scales, and backward to both input
+# gradients; the residual and the gradients of y and h are sharded like the input; the weight
+# Replicate and dW Partial(sum). A per-head weight (shape input.shape[-k:], more dims than the
+# normalized ones) covers dims before the normalized ones: a Shard of one of those (the heads,
+# tensor parallel) takes the weight rows of its heads, Shard of the weight's matching dim, and
+# dW comes out sharded alike (each rank owns its heads' rows, nothing to sum). The empty
+# outputs (residual_out without a residual, the row scales with a static scale) are Replicate,
+# as is a static scale. A Shard inside the normalized dims is refused as for rms_norm.
+
+
+def _fused_sharding(op: str, x, normalized_dims: int, args: int, rows_like: Sequence[int], weight_arg: int,
+                    weight, outputs: Sequence[str], replicated: Sequence[int] = (), empty: Sequence[int] = ()) -> list:
+    """``row_norm_sharding`` with a per-head weight at ``weight_arg`` and the outputs at ``empty``
+    (empty tensors) Replicate; ``replicated`` are further Replicate arguments."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    weights = [weight_arg] if weight is not None else []
+    kinds = ["none" if i in empty else kind for i, kind in enumerate(outputs)]
+    strategies = row_norm_sharding(op, x, normalized_dims, args, rows_like, [*weights, *replicated], kinds)
+    first_weight_dim = x.ndim - (weight.ndim if weight is not None else 0)
+    result = []
+    for outs, ins in strategies:
+        outs = [Replicate() if i in empty else p for i, p in enumerate(outs)]
+        rows = ins[rows_like[0]]
+        if weight is not None and rows.is_shard() and rows.dim >= first_weight_dim:
+            heads = Shard(rows.dim - first_weight_dim)
+            ins[weight_arg] = heads
+            outs = [heads if kind == "weight" else p for kind, p in zip(outputs, outs)]
+        result.append((outs, ins))
+    return result
+
+
+def _register_sharding() -> None:
+    @_dtensor.rule([torch.ops.baracuda.rms_norm_fused.default])
+    def _rms_norm_fused_sharding(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0,
+                                 casting="torch"):
+        with_residual = residual is not None
+        return _fused_sharding("rms_norm_fused", x, len(normalized_shape), 7, [0, 1] if with_residual else [0], 3,
+                               weight, ["rows", "rows", "rows"], empty=[] if with_residual else [1])
+
+    @_dtensor.rule([torch.ops.baracuda.rms_norm_quant.default])
+    def _rms_norm_quant_sharding(x, residual, normalized_shape, weight=None, eps=None, weight_offset=0.0,
+                                 casting="torch", scale=None):
+        with_residual, static = residual is not None, scale is not None
+        return _fused_sharding("rms_norm_quant", x, len(normalized_shape), 8, [0, 1] if with_residual else [0], 3,
+                               weight, ["rows", "rows", "rows"], replicated=[7] if static else [],
+                               empty=([] if with_residual else [1]) + ([2] if static else []))
+
+    @_dtensor.rule([torch.ops.baracuda.rms_norm_fused_backward.default])
+    def _rms_norm_fused_backward_sharding(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
+                                          weight_offset, casting, input_dtype, output_mask):
+        outputs = ["rows" if output_mask[0] else "none", "rows" if output_mask[1] else "none",
+                   "weight" if output_mask[2] and weight is not None else "none"]
+        rows_like = [2, 0, 4] + ([1] if grad_residual_out is not None else [])
+        return _fused_sharding("rms_norm_fused_backward", h, len(normalized_shape), 10, rows_like, 5, weight,
+                               outputs)
+
+
+_dtensor.when_available(_register_sharding)
 
 
 # --------------------------------------------------------------------------- vmap
