@@ -216,3 +216,11 @@ class Gemma3RMSNorm(GemmaRMSNorm):
 
 
 # (rms_norm_fused modules end)
+
+# ---------------------------------------------------------------------------- embedding_bag collection
+
+from .nn_collection import (  # noqa: E402
+    EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType,
+)
+
+__all__ += ["EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "PoolingType"]

@@ -1,5 +1,6 @@
 """A Hugging Face Llama trained a few steps three ways: as it is, patched by Liger-Kernel,
-patched by baracuda_ops (baracuda_ops.integrations.transformers.apply).
+patched by baracuda_ops (baracuda_ops.integrations.transformers.apply: its norms and each decoder
+layer's residual add + norm fused; ``baracuda_norms``, a fourth way, patches the norms only).
 
 Every way starts from the same weights and sees the same random tokens; each prints
 tokens/s (steps after the warm-up), peak memory and its loss per step, then the largest
@@ -7,6 +8,9 @@ loss difference to the unpatched model. Default: a ~1B-parameter Llama (hidden 2
 16 layers, 32 heads, 8 KV heads, MLP 5632, vocab 32000) in bfloat16, batch 4 x 2048
 tokens, 50 steps of AdamW, on CUDA. ``--smoke``: a tiny model on the CPU, 3 steps, to
 check the script itself. Liger is skipped (said so) when ``liger_kernel`` is not installed.
+On a machine without a package index, wheels fetched elsewhere (``pip download --no-deps
+--only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl_hf transformers
+liger-kernel``) install with ``pip install --no-index --find-links .whl_hf transformers liger-kernel``.
 
     python tools/hf_train.py [--steps 50] [--batch 4] [--seq 2048] [--ways hf,liger,baracuda] [--smoke]
 """
@@ -33,9 +37,11 @@ def _config(smoke: bool) -> transformers.LlamaConfig:
 
 def _patch(way: str, model: torch.nn.Module) -> bool:
     """Patches ``model`` the given way; False when that way is not available here."""
-    if way == "baracuda":
-        replaced = baracuda_hf.apply(model)
-        print(f"  baracuda: {len(replaced)} norm modules patched")
+    if way in ("baracuda", "baracuda_norms"):
+        replaced = baracuda_hf.apply(model, fused_add_rms_norm=way == "baracuda")
+        layers = sum(name == baracuda_hf.LAYERS["llama"][0] for name in replaced.values())
+        print(f"  {way}: {len(replaced) - layers} norm modules and {layers} decoder layers (fused residual add + "
+              "norm) patched")
         return bool(replaced)
     if way == "liger":
         try:

@@ -17,6 +17,10 @@ The arithmetic of each family's norm (transformers' ``modeling_<family>.py``), w
 ``baracuda_ops.rms_norm_fused`` is called with ``casting="llama"`` or ``casting="gemma",
 weight_offset=1.0``, which reproduce those.
 
+With ``fused_add_rms_norm`` (the default), each decoder layer (``LAYERS``) also gets a subclass
+whose forward takes the residual add into the norm after attention (see "decoder layers"
+below); it is checked against the layer's own forward on a probe input first.
+
 Nothing changes silently: before patching, each norm class's new forward is checked
 against the class's own forward on random float32 and bfloat16 inputs (within the
 dtype's rounding); if any class of the model fails, nothing is patched and a warning
@@ -37,7 +41,7 @@ import torch
 
 import baracuda_ops
 
-__all__ = ["apply", "revert", "patch_transformers", "unpatch_transformers", "FAMILIES"]
+__all__ = ["apply", "revert", "patch_transformers", "unpatch_transformers", "FAMILIES", "LAYERS"]
 
 # model_type -> (transformers.models.<module>, RMSNorm class names, arithmetic)
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -244,9 +248,15 @@ def _model_type(model: torch.nn.Module) -> str | None:
     return getattr(config, "model_type", None)
 
 
-def apply(model: torch.nn.Module, rms_norm: bool = True, fused_add_rms_norm: bool = True) -> dict[str, str]:
+def apply(model: torch.nn.Module, rms_norm: bool = True, fused_add_rms_norm: bool = True,
+          alibi: bool = True) -> dict[str, str]:
     """Patches a built Hugging Face model in place: its RMSNorm modules (``rms_norm``) and
-    its decoder layers' residual add + norm (``fused_add_rms_norm``).
+    its decoder layers' residual add + norm (``fused_add_rms_norm``). ``alibi``: BLOOM, MPT
+    and Falcon build a ``[B*H or H, 1, K]`` bias of key positions (softmax-equivalent to
+    ``slopes * (j - i)``, K values per head) that they add inside their attention; that
+    construction costs less than a launch and is kept, so these models are left unchanged
+    with a warning (their attention code can call ``baracuda_ops.alibi`` on its ``[B*H, Q, K]``
+    scores, or take ``baracuda_ops.alibi_bias(..., layout="bqk")``).
 
     Returns ``{module name: original class name}`` of what it replaced (empty when nothing
     was patched); :func:`revert` undoes it. A model of an unknown family, or one whose
@@ -254,10 +264,12 @@ def apply(model: torch.nn.Module, rms_norm: bool = True, fused_add_rms_norm: boo
     """
     model_type = _model_type(model)
     if model_type in _ALIBI_LAYERNORM_FAMILIES:
+        alibi_note = ("; its ALiBi bias of key positions, [B*H or H, 1, K], is kept (cheaper than a launch; "
+                      "baracuda_ops.alibi takes its [B*H, Q, K] scores, baracuda_ops.alibi_bias builds the bias)"
+                      if alibi else "")
         warnings.warn(
-            f"baracuda_ops.integrations.transformers.apply: {model_type} uses LayerNorm and builds its ALiBi bias "
-            "inside HF's attention; model left unchanged (baracuda_ops.alibi takes its [B*H, Q, K] scores, "
-            "baracuda_ops.alibi_bias builds the bias)",
+            f"baracuda_ops.integrations.transformers.apply: {model_type} uses LayerNorm (no RMSNorm to patch)"
+            f"{alibi_note}; model left unchanged",
             stacklevel=2,
         )
         return {}
