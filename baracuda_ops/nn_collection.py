@@ -16,7 +16,7 @@ of the group (index ``v`` of feature ``f`` in table ``t`` becomes ``r_t + v``) a
 is one call too. The group's bags are ordered feature by feature; when the input's keys are the
 group's features in that order (the usual case) the values are used in place, else a stable
 permutation (no host sync: its size is the number of values) brings the group's values first,
-and values after the group's last bag belong to no bag. ``state_dict`` holds one entry per table,
+the other keys' values make one more bag, computed and dropped. ``state_dict`` holds one entry per table,
 ``embedding_bags.<name>.weight``, as torchrec's does (the rows of its group).
 """
 
@@ -235,7 +235,7 @@ def _pool_group(group: _Group, weight: torch.Tensor, keys: list[str], values: to
     def per_value(per_key: list) -> torch.Tensor:
         return torch.repeat_interleave(torch.tensor(per_key, device=values.device), key_lengths, output_size=n)
 
-    # table row offset of each value; values of keys outside the group index row 0 and sit in no bag
+    # table row offset of each value; values of keys outside the group index row 0 (in the dropped bag)
     indices = values + per_value([rows_of_key.get(k, 0) for k in keys]).to(values.dtype)
     if len(keys) > len(group.features):
         indices = torch.where(per_value([k in rows_of_key for k in keys]), indices, 0)
@@ -246,7 +246,11 @@ def _pool_group(group: _Group, weight: torch.Tensor, keys: list[str], values: to
         weights = None if weights is None else weights[order]
     group_lengths = lengths[[keys.index(f) for f in group.features]].reshape(-1)
     offsets = torch.cat([group_lengths.new_zeros(1), group_lengths.cumsum(0)]).to(values.dtype)
-    return _EmbeddingBag(weight, indices, offsets, group.mode, weights, True, -1)[0]
+    if len(keys) == len(group.features):
+        return _EmbeddingBag(weight, indices, offsets, group.mode, weights, True, -1)[0]
+    # the other keys' values (at row 0) make one more bag, dropped: with include_last_offset,
+    # F.embedding_bag's mean would count them in the last bag
+    return _EmbeddingBag(weight, indices, offsets, group.mode, weights, False, -1)[0][:-1]
 
 
 def _per_table_state_dict(module: EmbeddingBagCollection, state_dict: dict, prefix: str, local_metadata) -> None:

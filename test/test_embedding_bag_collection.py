@@ -44,7 +44,7 @@ def _features(keys, batch=3, index_dtype=torch.int64, weighted=False, seed=0, ta
 def _reference(ebc, per_key, weighted=False):
     """Each feature pooled by F.embedding_bag in a leaf copy of its table; the output in the
     order of the tables, then of their features."""
-    leaves = {t.name: ebc.table_weight(t.name).detach().clone().requires_grad_() for t in _TABLES}
+    leaves = {t.name: ebc.table_weight(t.name).detach().clone().requires_grad_() for t in ebc.embedding_bag_configs()}
     outs = []
     for t in ebc.embedding_bag_configs():
         for f in t.feature_names:
