@@ -219,8 +219,6 @@ class Gemma3RMSNorm(GemmaRMSNorm):
 
 # ---------------------------------------------------------------------------- embedding_bag collection
 
-from .nn_collection import (  # noqa: E402
-    EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, PoolingType,
-)
+from .nn_collection import EmbeddingBagCollection  # noqa: E402  (its configs and keyed tensors: nn_collection)
 
-__all__ += ["EmbeddingBagCollection", "EmbeddingBagConfig", "KeyedJaggedTensor", "KeyedTensor", "PoolingType"]
+__all__ += ["EmbeddingBagCollection"]

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import baracuda_ops
-from baracuda_ops.nn import (EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor,
-                             PoolingType)
+from baracuda_ops.nn import EmbeddingBagCollection
+from baracuda_ops.nn_collection import EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
 
 # t0 and t1 share a group (dim 4, sum); t2 (dim 8, mean) and t3 (dim 4, mean) are groups of their own
 _TABLES = [
