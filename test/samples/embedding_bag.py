@@ -2,6 +2,7 @@
 the battery (test/test_battery.py)."""
 
 import torch
+import torch.nn.functional as F
 
 import baracuda_ops
 from baracuda_ops.bench.embedding_bag import zipf_indices
@@ -138,6 +139,16 @@ def samples(device):
             yield SampleInput(f"gpu_{mode}_{num_weights}x{dim}", ops.embedding_bag.default,
                               lambda m=mode, n=num_weights, d=dim: _gpu_bags(m, n, d, device),
                               grad=(0, 1) if mode == "sum" else (0,), fn=bags)
+
+    # The public function against torch.nn.functional.embedding_bag in float64, every mode.
+    w = torch.randn(25, 8, device=device)
+    for mode in MODES:
+        yield SampleInput(f"public_{mode}_padding", ops.embedding_bag.default, (w, idx, off, MODES.index(mode), None,
+                                                                                False, 3), grad=(0,),
+                          fn=lambda w, i, o, m=mode: baracuda_ops.embedding_bag(i, w, o, mode=m, padding_idx=3),
+                          reference=lambda w, i, o, m=mode: F.embedding_bag(i, w, o, mode=m, padding_idx=3), ref_scale=4,
+                          skips=only(("reference", "determinism"), "the public function against F.embedding_bag; the "
+                                     "raw-op samples run the rest"))
 
     def two_modes(w, psw, idx, off):
         y = baracuda_ops.embedding_bag(idx, w * 2, off, mode="sum", per_sample_weights=psw)

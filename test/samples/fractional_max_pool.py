@@ -1,6 +1,7 @@
 """fractional_max_pool2d / 3d and their backward samples for the battery (test/test_battery.py)."""
 
 import torch
+import torch.nn.functional as F
 
 import baracuda_ops
 from helpers import Export, SampleInput, only, random
@@ -14,6 +15,14 @@ def _samples(x, dims):
     """Random samples in [0, 1) for x's planes: [N, C, dims] (N = 1 for an unbatched input)."""
     n = 1 if x.dim() == dims + 1 else x.shape[0]
     return torch.rand(n, x.shape[-dims - 1], dims, device=x.device).to(x.dtype)
+
+
+def _torch_pool(dims, x, k, out, s):
+    """PyTorch's fractional_max_pool on the float32 values (the window starts depend on the
+    samples' dtype): the values and indices bit for bit."""
+    pool = F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
+    y, i = pool(x.float(), k, output_size=out, _random_samples=s.float(), return_indices=True)
+    return y.double(), i
 
 
 def _pool_both(s2, s3):
@@ -42,7 +51,8 @@ def samples(device):
             s = _samples(x, dims)
             full = name == "batched"
             yield SampleInput(name, fw.default, (x, k, out, s), grad=(0,),
-                              skips={} if full else only(("opcheck", "determinism"), EXTRA_OPCHECK))
+                              reference=lambda x, s, dims=dims, k=k, out=out: _torch_pool(dims, x, k, out, s),
+                              skips={} if full else only(("opcheck", "reference", "determinism"), EXTRA_OPCHECK))
             _, i = fw(x, k, out, s)
             g = random(i.shape, f32, device)
             yield SampleInput(name, bw.default, (g, x, k, out, i), grad=(0,),
