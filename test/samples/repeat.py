@@ -27,7 +27,7 @@ def samples(device):
                           skips={} if full else only(("opcheck", "determinism"), EXTRA_OPCHECK))
     for dtype in (torch.bfloat16, torch.float32):
         x = random((4, 5), dtype, device)
-        for repeats in ([2, 3], [1, 2, 2, 1]):
+        for repeats in ([2, 3], [2, 1, 3], [1, 2, 2, 1]):
             name = f"{str(dtype)[6:]}_{'x'.join(map(str, repeats))}"
             yield SampleInput(name, ops.repeat.default, (x, repeats), grad=(0,), vmap=[(0,), (2,)],
                               skips=only(("vmap", "determinism"), "a vmap layout; 'extra_dim' runs the rest"))
