@@ -87,8 +87,8 @@ def outputs_and_grads(fn: Callable, inputs: Sequence[torch.Tensor]) -> list[torc
 
 def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], exact: bool = False) -> None:
     """torch.compile(fn, fullgraph=True, dynamic=True): forward and gradients (w.r.t. the
-    inputs that require grad) equal eager's: bit for bit with exact=True, else within the
-    dtype tolerance (Inductor may round the ops around ours differently)."""
+    inputs that require grad) equal eager's: bit for bit with exact=True (and integer outputs
+    always), else within the dtype tolerance (Inductor may round the ops around ours differently)."""
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, dynamic=True)
 
@@ -96,7 +96,7 @@ def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], ex
         return outputs_and_grads(f, [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs])
 
     for a, b in zip(run(compiled), run(fn), strict=True):
-        if exact:
+        if exact or not a.dtype.is_floating_point:
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         else:
             assert_close(a, b)

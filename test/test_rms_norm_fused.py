@@ -266,6 +266,23 @@ def test_compile_graph_calls_the_op_once_per_call(device):
     assert graph_ops.count("baracuda.rms_norm_fused.default") == 2, graph_ops
 
 
+def test_torch_func_per_sample_grads(device):
+    x = random((4, 3, 8), torch.float64, device)
+    r = random((3, 8), torch.float64, device)
+    w = random((8,), torch.float64, device)
+
+    def loss(x, r, w):
+        y, h = baracuda_ops.rms_norm_fused(x, 8, w, residual=r, weight_offset=1.0)
+        return (y * h).sum()
+
+    got = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(0, None, None))(x, r, w)
+    for k in range(4):
+        leaves = [x[k].clone().requires_grad_(), r.clone().requires_grad_(), w.clone().requires_grad_()]
+        want = torch.autograd.grad(loss(*leaves), leaves)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a[k], b)
+
+
 @pytest.mark.parametrize("dtype,wdt", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                        (torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
 def test_plans_write_every_element(device, dtype, wdt):

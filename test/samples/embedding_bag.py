@@ -61,6 +61,10 @@ def samples(device):
         yield SampleInput(name, ops.embedding_bag_backward.out, bargs,
                           {"grad_weight": torch.empty_like(w),
                            "workspace": torch.empty(plan.workspace_size(), dtype=torch.uint8, device=device)})
+        if name == "sum":
+            yield SampleInput("sum_scale_grad_by_freq", ops.embedding_bag_weight_backward.default,
+                              bargs + (True, False), skips=only(("opcheck", "determinism"), "the scaled dense gradient; "
+                                                                "embedding_bag_backward's samples run the rest"))
         if mode == 0:
             pargs = (grad, w, idx, o2b, mode, pad)
             yield SampleInput(name, ops.embedding_bag_per_sample_weights_backward.default, pargs,
