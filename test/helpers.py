@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import pytest
@@ -25,9 +26,9 @@ TOLERANCES = {
 OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def opcheck(op, args: Sequence, kwargs: dict | None = None) -> None:
-    """torch.library.opcheck with all four test utils; raises on the first failure."""
-    result = torch.library.opcheck(op, tuple(args), kwargs or {}, test_utils=OPCHECK_UTILS, raise_exception=True)
+def opcheck(op, args: Sequence, kwargs: dict | None = None, test_utils: Sequence[str] = OPCHECK_UTILS) -> None:
+    """torch.library.opcheck with all four test utils (or `test_utils`); raises on the first failure."""
+    result = torch.library.opcheck(op, tuple(args), kwargs or {}, test_utils=tuple(test_utils), raise_exception=True)
     bad = {k: v for k, v in result.items() if v != "SUCCESS"}
     assert not bad, bad
 
@@ -86,8 +87,8 @@ def outputs_and_grads(fn: Callable, inputs: Sequence[torch.Tensor]) -> list[torc
 
 def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], exact: bool = False) -> None:
     """torch.compile(fn, fullgraph=True, dynamic=True): forward and gradients (w.r.t. the
-    inputs that require grad) equal eager's: bit for bit with exact=True, else within the
-    dtype tolerance (Inductor may round the ops around ours differently)."""
+    inputs that require grad) equal eager's: bit for bit with exact=True (and integer outputs
+    always), else within the dtype tolerance (Inductor may round the ops around ours differently)."""
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, dynamic=True)
 
@@ -95,7 +96,7 @@ def check_compile_matches_eager(fn: Callable, inputs: Sequence[torch.Tensor], ex
         return outputs_and_grads(f, [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs])
 
     for a, b in zip(run(compiled), run(fn), strict=True):
-        if exact:
+        if exact or not a.dtype.is_floating_point:
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         else:
             assert_close(a, b)
@@ -269,3 +270,88 @@ def check_second_gpu_matches_first(fn: Callable, inputs: Sequence[torch.Tensor])
     for a, b in zip(got, expected, strict=True):
         assert a.device == torch.device("cuda:1"), a.device
         torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------- samples for the battery
+
+# The parts of the shared battery (test/test_battery.py) a sample runs; CUDA_PARTS run on CUDA only.
+BATTERY_PARTS = ("opcheck", "reference", "gradcheck", "determinism", "compile", "export", "vmap", "torch_func",
+                 "cuda_graph", "second_gpu")
+CUDA_PARTS = ("cuda_graph", "second_gpu")
+
+
+@dataclass(frozen=True)
+class Export:
+    """torch.export of a sample: one dynamic_shapes dict per tensor input, input sets of other
+    sizes of those dims, and the baracuda ops the exported graph must call (default: the sample's)."""
+
+    dynamic_shapes: Sequence[dict]
+    others: Sequence[Sequence[torch.Tensor]]
+    ops: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class SampleInput:
+    """One call of one op for the battery. `op` (an OpOverload: .default or .out) runs on
+    (`args`, `kwargs`) under opcheck; the other parts run `fn` (default: `op` with its
+    optional outputs left out, for a public callable pass it) on the tensor arguments, in
+    order, with requires_grad on the positions of `args` listed in `grad`. `reference` takes
+    float64 copies of the tensor arguments and returns the expected outputs (compared at the
+    sample's dtype tolerance times `ref_scale`). `vmap` lists in_dims (one entry per tensor
+    argument) and `vmap_exact` says where vmap must equal the per-sample calls bit for bit
+    ("everywhere", "cpu": a batched CUDA launch may sum in another order, or "nowhere").
+    `args` may be a function that builds them: a GPU-sized sample, built only where it runs (the
+    CUDA-only parts). `batch` may give, per tensor argument, a stack (dim 0) of the samples
+    vmap batches (say, offsets that differ per sample); else vmap stacks shuffled copies.
+    `opcheck_utils` narrows opcheck where a util cannot run (say why where the sample is made).
+    `skips` maps each part the sample does not run to the reason."""
+
+    name: str
+    op: torch._ops.OpOverload
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    grad: tuple[int, ...] = ()
+    fn: Callable | None = None
+    reference: Callable | None = None
+    ref_scale: float = 1.0
+    compile_exact: bool = False
+    vmap: Sequence[tuple] = ()
+    vmap_exact: str = "everywhere"
+    batch: Sequence | None = None
+    export: Export | None = None
+    gradgrad: bool = False
+    opcheck_utils: tuple[str, ...] = OPCHECK_UTILS
+    skips: dict = field(default_factory=dict)
+
+    @property
+    def family_op(self) -> str:
+        return self.op._schema.name.split("::")[1] + ("" if self.op._overloadname == "default"
+                                                       else "." + self.op._overloadname)
+
+    def tensor_positions(self) -> list[int]:
+        return [i for i, a in enumerate(self.args) if isinstance(a, torch.Tensor)]
+
+    def inputs(self, requires_grad: bool = True) -> list[torch.Tensor]:
+        """Fresh leaves for the tensor arguments (requires_grad on `grad` when asked)."""
+        return [self.args[i].detach().clone().requires_grad_(requires_grad and i in self.grad)
+                for i in self.tensor_positions()]
+
+    def call(self) -> Callable:
+        """fn(*tensor inputs)."""
+        if self.fn is not None:
+            return self.fn
+        positions = self.tensor_positions()
+
+        def run(*tensors):
+            args = list(self.args)
+            for i, t in zip(positions, tensors, strict=True):
+                args[i] = t
+            out = self.op(*args, **self.kwargs)
+            return tuple(o for o in out if o is not None) if isinstance(out, (tuple, list)) else out
+
+        return run
+
+
+def only(parts: Sequence[str], reason: str) -> dict:
+    """skips for a sample that runs `parts` alone, every other part for `reason`."""
+    return {p: reason for p in BATTERY_PARTS if p not in parts}

@@ -53,13 +53,16 @@ def test_drop_ins_take_torchs_argument_names_and_defaults():
     # Keyword calls written for torch.nn.functional / torch.nn work unchanged.
     import inspect
 
+    # The drop-ins are found by name: a public function named as one of torch.nn.functional's
+    # (its *_with_indices form where F's own is a boolean dispatch), a module subclassing torch.nn's.
     F = torch.nn.functional
-    pairs = [(baracuda_ops.rms_norm, F.rms_norm), (baracuda_ops.embedding_bag, F.embedding_bag),
-             (baracuda_ops.fractional_max_pool2d, F.fractional_max_pool2d_with_indices),
-             (baracuda_ops.fractional_max_pool3d, F.fractional_max_pool3d_with_indices)]
-    for name in ("RMSNorm", "EmbeddingBag", "FractionalMaxPool2d", "FractionalMaxPool3d"):
-        ours, theirs = getattr(baracuda_ops.nn, name), getattr(torch.nn, name)
-        pairs += [(ours.__init__, theirs.__init__), (ours.forward, theirs.forward)]
+    pairs = [(getattr(baracuda_ops, name), getattr(F, f"{name}_with_indices", None) or getattr(F, name))
+             for name in baracuda_ops.__all__ if callable(getattr(F, name, None))]
+    for name in baracuda_ops.nn.__all__:
+        ours, theirs = getattr(baracuda_ops.nn, name), getattr(torch.nn, name, None)
+        if isinstance(theirs, type) and issubclass(ours, theirs):
+            pairs += [(ours.__init__, theirs.__init__), (ours.forward, theirs.forward)]
+    assert pairs, "no drop-in found"
     for ours, theirs in pairs:
         # our keyword-only extensions (rms_norm's residual, weight_offset, casting) come after torch's arguments
         a = {k: p for k, p in inspect.signature(ours).parameters.items() if p.kind != p.KEYWORD_ONLY}
