@@ -67,7 +67,8 @@ class EmbeddingBag(torch.nn.EmbeddingBag):
     def forward(self, input, offsets=None, per_sample_weights=None):
         mode = _MODES.get(self.mode)
         options = self.sparse or self.scale_grad_by_freq
-        if self.max_norm is not None or mode is None or (options and mode == 2):
+        if self.max_norm is not None or mode is None or (options and mode == 2) or (self.sparse and
+                                                                                   self.scale_grad_by_freq):
             return _embedding_bag(
                 input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.mode,
                 self.sparse, per_sample_weights, self.include_last_offset, self.padding_idx,

@@ -141,6 +141,8 @@ def embedding_bag(
             torch.embedding_renorm_(weight, input.reshape(-1), max_norm, norm_type)
     args = (weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad)
     try:
+        if sparse and scale_grad_by_freq:  # the forward runs, the backward refuses (as F.embedding_bag)
+            return _WithGradientOptions.apply(*args, scale_grad_by_freq, sparse)[0]
         if sparse or scale_grad_by_freq:
             return _EmbeddingBagWithOptions(*args, scale_grad_by_freq, sparse)[0]
         return _EmbeddingBag(*args)[0]

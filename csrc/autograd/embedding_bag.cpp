@@ -7,7 +7,6 @@
 #include <optional>
 #include <tuple>
 
-#include "baracuda/embedding_bag_options.h"
 #include "function.h"
 
 namespace baracuda::autograd {
@@ -135,7 +134,6 @@ Bag4 with_options_autograd(const at::Tensor& weight, const at::Tensor& indices,
                            const std::optional<at::Tensor>& offsets, int64_t bag_mode,
                            const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
                            int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
-  check_weight_backward_options("baracuda::embedding_bag_with_options", bag_mode, scale_grad_by_freq, sparse);
   if (!needs_node(weight, per_sample_weights)) {
     return call_below_autograd(forward_op(), weight, indices, offsets, bag_mode, per_sample_weights,
                                include_last_offset, padding_idx);
@@ -145,11 +143,11 @@ Bag4 with_options_autograd(const at::Tensor& weight, const at::Tensor& indices,
   return {std::move(out[0]), std::move(out[1]), std::move(out[2]), std::move(out[3])};
 }
 
-// Every backend (CPU, CUDA, Meta) below autograd: the forward is embedding_bag's.
+// Every backend (CPU, CUDA, Meta) below autograd: the forward is embedding_bag's (the options
+// act in backward, where embedding_bag_weight_backward refuses the combinations it does not take).
 Bag4 with_options_forward(const at::Tensor& weight, const at::Tensor& indices, const std::optional<at::Tensor>& offsets,
                           int64_t bag_mode, const std::optional<at::Tensor>& per_sample_weights,
-                          bool include_last_offset, int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
-  check_weight_backward_options("baracuda::embedding_bag_with_options", bag_mode, scale_grad_by_freq, sparse);
+                          bool include_last_offset, int64_t padding_idx, bool, bool) {
   return forward_op().call(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx);
 }
 
