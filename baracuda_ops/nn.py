@@ -148,7 +148,7 @@ class ALiBi(torch.nn.Module):
 
 # ---------------------------------------------------------------------------- rms_norm_fused
 
-from .ops.rms_norm_fused import rms_norm_fused as _rms_norm_fused  # noqa: E402
+from .ops.rms_norm_fused import _RMSNormFused, _kernel_weight as _fused_kernel_weight  # noqa: E402
 
 __all__ += ["LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "GemmaRMSNorm", "Gemma3RMSNorm"]
 
@@ -163,8 +163,13 @@ class _HFRMSNorm(torch.nn.Module):
     _weight_offset = 0.0
 
     def _norm(self, hidden_states: torch.Tensor, eps: float, residual: torch.Tensor | None):
-        return _rms_norm_fused(hidden_states, (self.weight.shape[-1],), self.weight, eps, residual=residual,
-                               weight_offset=self._weight_offset, casting=self._casting)
+        # baracuda_ops.rms_norm_fused's call, its arguments already in the op's form
+        weight = self.weight
+        if weight.dtype != hidden_states.dtype:
+            weight = _fused_kernel_weight(hidden_states, weight)
+        y, h, _ = _RMSNormFused(hidden_states, residual, [weight.shape[-1]], weight, eps, self._weight_offset,
+                                self._casting)
+        return y if residual is None else (y, h)
 
 
 class LlamaRMSNorm(_HFRMSNorm):

@@ -129,7 +129,8 @@ def _ops_per_call(fn, inputs, grad):
 
 
 def _op_count_cases(device):
-    """(name, ours, PyTorch's equivalent, inputs, upstream gradient, our forward's ops, our backward's ops)."""
+    """(name, ours, PyTorch's equivalent, the inputs each is differentiated with respect to, upstream gradient,
+    our forward's ops, our backward's ops)."""
     x, w = torch.randn(4, 32, device=device, requires_grad=True), torch.randn(32, device=device, requires_grad=True)
     rms, trms = baracuda_ops.nn.RMSNorm(32, device=device), torch.nn.RMSNorm(32, device=device)
     llama = baracuda_ops.nn.LlamaRMSNorm(32).to(device)
@@ -144,25 +145,25 @@ def _op_count_cases(device):
     distance = (torch.arange(5, device=device) - torch.arange(5, device=device).unsqueeze(1)).float()
     g2, gbag = torch.randn(4, 32, device=device), torch.randn(4, 8, device=device)
     return [
-        ("rms_norm", lambda: baracuda_ops.rms_norm(x, 32, w), lambda: F.rms_norm(x, (32,), w), (x, w), g2,
+        ("rms_norm", lambda: baracuda_ops.rms_norm(x, 32, w), lambda: F.rms_norm(x, (32,), w), (x, w), (x, w), g2,
          ["baracuda::rms_norm"], ["baracuda::rms_norm_backward"]),
-        ("nn.RMSNorm", lambda: rms(x), lambda: trms(x), (x, rms.weight), g2,
+        ("nn.RMSNorm", lambda: rms(x), lambda: trms(x), (x, rms.weight), (x, trms.weight), g2,
          ["baracuda::rms_norm"], ["baracuda::rms_norm_backward"]),
-        ("LlamaRMSNorm", lambda: llama(x), lambda: trms(x), (x, llama.weight), g2,
+        ("LlamaRMSNorm", lambda: llama(x), lambda: trms(x), (x, llama.weight), (x, trms.weight), g2,
          ["baracuda::rms_norm_fused"], ["baracuda::rms_norm_fused_backward"]),
-        ("nn.EmbeddingBag", lambda: bag(idx, off), lambda: tbag(idx, off), (bag.weight,), gbag,
+        ("nn.EmbeddingBag", lambda: bag(idx, off), lambda: tbag(idx, off), (bag.weight,), (tbag.weight,), gbag,
          ["baracuda::embedding_bag"], ["baracuda::embedding_bag_backward"]),
-        ("nn.EmbeddingBag sparse", lambda: sbag(idx, off), lambda: tsbag(idx, off), (sbag.weight,), gbag,
+        ("nn.EmbeddingBag sparse", lambda: sbag(idx, off), lambda: tsbag(idx, off), (sbag.weight,), (tsbag.weight,), gbag,
          ["baracuda::embedding_bag"], ["baracuda::embedding_bag_weight_backward"]),
         ("fractional_max_pool2d",
          lambda: baracuda_ops.fractional_max_pool2d(img, 2, output_size=4, _random_samples=samples),
-         lambda: F.fractional_max_pool2d(img, 2, output_size=4, _random_samples=samples), (img,),
+         lambda: F.fractional_max_pool2d(img, 2, output_size=4, _random_samples=samples), (img,), (img,),
          torch.randn(2, 3, 4, 4, device=device),
          ["baracuda::fractional_max_pool2d"], ["baracuda::fractional_max_pool2d_backward"]),
-        ("repeat", lambda: baracuda_ops.repeat(x, (2, 3)), lambda: x.repeat(2, 3), (x,),
+        ("repeat", lambda: baracuda_ops.repeat(x, (2, 3)), lambda: x.repeat(2, 3), (x,), (x,),
          torch.randn(8, 96, device=device), ["baracuda::repeat"], ["baracuda::repeat_backward"]),
         ("alibi", lambda: baracuda_ops.alibi(scores, slopes), lambda: scores + slopes.view(4, 1, 1) * distance,
-         (scores, slopes), torch.randn(1, 4, 5, 5, device=device), ["baracuda::alibi"], ["baracuda::alibi_backward"]),
+         (scores, slopes), (scores, slopes), torch.randn(1, 4, 5, 5, device=device), ["baracuda::alibi"], ["baracuda::alibi_backward"]),
     ]
 
 
@@ -175,9 +176,9 @@ def test_ops_per_call(device, case):
     # forward and backward, and no more ops than PyTorch's equivalent.
     cases = _op_count_cases(device)
     assert len(cases) == _OP_COUNT_CASES
-    name, ours, theirs, inputs, grad, forward_ops, backward_ops = cases[case]
-    ours_forward, ours_both = _ops_per_call(ours, inputs, grad)
-    theirs_forward, theirs_both = _ops_per_call(theirs, inputs, grad)
+    name, ours, theirs, ours_inputs, theirs_inputs, grad, forward_ops, backward_ops = cases[case]
+    ours_forward, ours_both = _ops_per_call(ours, ours_inputs, grad)
+    theirs_forward, theirs_both = _ops_per_call(theirs, theirs_inputs, grad)
     assert ours_forward == forward_ops, (name, ours_forward)
     assert ours_both == forward_ops + backward_ops, (name, ours_both)
     assert len(ours_forward) <= len(theirs_forward), (name, ours_forward, theirs_forward)
