@@ -59,19 +59,27 @@ def host_cases(device: torch.device) -> list[HostCase]:
             return (lambda: ours(x), (x, ours.weight)), (lambda: theirs(x), (x, theirs.weight))
         return make
 
+    def llama_module(m, n, dtype):
+        def make():
+            ours = baracuda_ops.nn.LlamaRMSNorm(n).to(device=device, dtype=dtype)
+            theirs = torch.nn.RMSNorm(n, eps=1e-6, device=device, dtype=dtype)
+            x = leaf(m, n, dtype=dtype)
+            return (lambda: ours(x), (x, ours.weight)), (lambda: theirs(x), (x, theirs.weight))
+        return make
+
     def repeat(shape, reps):
         def make():
             x = leaf(*shape)
             return (lambda: baracuda_ops.repeat(x, reps), (x,)), (lambda: x.repeat(*reps), (x,))
         return make
 
-    def bags(num_embeddings, dim, num_bags, bag, module):
+    def bags(num_embeddings, dim, num_bags, bag, module, sparse=False):
         def make():
             idx = torch.randint(0, num_embeddings, (num_bags * bag,), device=device)
             off = torch.arange(0, num_bags * bag, bag, device=device)
             if module:
-                ours = baracuda_ops.nn.EmbeddingBag(num_embeddings, dim, mode="sum", device=device)
-                theirs = torch.nn.EmbeddingBag(num_embeddings, dim, mode="sum", device=device)
+                ours = baracuda_ops.nn.EmbeddingBag(num_embeddings, dim, mode="sum", sparse=sparse, device=device)
+                theirs = torch.nn.EmbeddingBag(num_embeddings, dim, mode="sum", sparse=sparse, device=device)
                 return (lambda: ours(idx, off), (ours.weight,)), (lambda: theirs(idx, off), (theirs.weight,))
             w = leaf(num_embeddings, dim)
             return ((lambda: baracuda_ops.embedding_bag(idx, w, off, mode="sum"), (w,)),
@@ -100,12 +108,17 @@ def host_cases(device: torch.device) -> list[HostCase]:
         HostCase("rms_norm", f"{decode} [8, 4096]", rms_norm(8, 4096, half)),
         HostCase("nn.RMSNorm", f"{small} [4, 64]", rms_norm_module(4, 64, torch.float32)),
         HostCase("nn.RMSNorm", f"{decode} [8, 4096]", rms_norm_module(8, 4096, half)),
+        HostCase("nn.LlamaRMSNorm", f"{small} [4, 64]", llama_module(4, 64, torch.float32)),
+        HostCase("nn.LlamaRMSNorm", f"{decode} [8, 4096]", llama_module(8, 4096, half)),
         HostCase("repeat", f"{small} [4, 64] x (2, 3)", repeat((4, 64), (2, 3))),
         HostCase("repeat", f"{decode} [8, 1, 128] x (1, 4, 1)", repeat((8, 1, 128), (1, 4, 1))),
         HostCase("embedding_bag", f"{small} 100x64, 4 bags of 4", bags(100, 64, 4, 4, False)),
         HostCase("embedding_bag", f"{decode} 1e5x128, 8 bags of 20", bags(100_000, 128, 8, 20, False)),
         HostCase("nn.EmbeddingBag", f"{small} 100x64, 4 bags of 4", bags(100, 64, 4, 4, True)),
         HostCase("nn.EmbeddingBag", f"{decode} 1e5x128, 8 bags of 20", bags(100_000, 128, 8, 20, True)),
+        HostCase("nn.EmbeddingBag sparse", f"{small} 100x64, 4 bags of 4", bags(100, 64, 4, 4, True, True)),
+        HostCase("nn.EmbeddingBag sparse", f"{decode} 1e5x128, 8 bags of 20",
+                 bags(100_000, 128, 8, 20, True, True)),
         HostCase("fractional_max_pool2d", f"{small} [2, 4, 8, 8] -> 4", pool(2, 4, 8, 4)),
         HostCase("fractional_max_pool2d", f"{decode} [8, 32, 32, 32] -> 16", pool(8, 32, 32, 16)),
         HostCase("alibi", f"{small} [1, 4, 8, 8]", alibi(1, 4, 8, 8)),

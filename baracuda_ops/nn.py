@@ -52,26 +52,32 @@ class RMSNorm(torch.nn.RMSNorm):
 
 # ---------------------------------------------------------------------------- embedding_bag
 
-from .ops.embedding_bag import _MODES, _EmbeddingBag, embedding_bag as _embedding_bag  # noqa: E402
+from .ops.embedding_bag import _MODES, _EmbeddingBag, _EmbeddingBagWithOptions  # noqa: E402
+from .ops.embedding_bag import embedding_bag as _embedding_bag  # noqa: E402
 
 
 class EmbeddingBag(torch.nn.EmbeddingBag):
     """Drop-in for ``torch.nn.EmbeddingBag`` (same constructor, ``weight`` parameter,
     ``from_pretrained`` and state_dict, ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` as
     ``torch.nn.functional.embedding_bag`` treats them) computed by ``baracuda_ops.embedding_bag``,
-    with a deterministic backward. Without max_norm, sparse and scale_grad_by_freq, forward calls
-    the op itself (torch.nn.EmbeddingBag has made padding_idx non-negative)."""
+    with a deterministic backward. Without max_norm, forward calls the op itself (sparse or
+    scale_grad_by_freq: ``embedding_bag_with_options``; torch.nn.EmbeddingBag has made
+    padding_idx non-negative)."""
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         mode = _MODES.get(self.mode)
-        if self.max_norm is not None or self.sparse or self.scale_grad_by_freq or mode is None:
+        options = self.sparse or self.scale_grad_by_freq
+        if self.max_norm is not None or mode is None or (options and mode == 2) or (self.sparse and
+                                                                                   self.scale_grad_by_freq):
             return _embedding_bag(
                 input, self.weight, offsets, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.mode,
                 self.sparse, per_sample_weights, self.include_last_offset, self.padding_idx,
             )
-        return _EmbeddingBag(self.weight, input, offsets, mode, per_sample_weights,
-                             self.include_last_offset and input.dim() != 2,
-                             -1 if self.padding_idx is None else self.padding_idx)[0]
+        args = (self.weight, input, offsets, mode, per_sample_weights, self.include_last_offset and input.dim() != 2,
+                -1 if self.padding_idx is None else self.padding_idx)
+        if options:
+            return _EmbeddingBagWithOptions(*args, self.scale_grad_by_freq, self.sparse)[0]
+        return _EmbeddingBag(*args)[0]
 
 
 __all__ += ["EmbeddingBag"]
@@ -142,7 +148,7 @@ class ALiBi(torch.nn.Module):
 
 # ---------------------------------------------------------------------------- rms_norm_fused
 
-from .ops.rms_norm_fused import rms_norm_fused as _rms_norm_fused  # noqa: E402
+from .ops.rms_norm_fused import _RMSNormFused, _kernel_weight as _fused_kernel_weight  # noqa: E402
 
 __all__ += ["LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm", "GemmaRMSNorm", "Gemma3RMSNorm"]
 
@@ -157,8 +163,13 @@ class _HFRMSNorm(torch.nn.Module):
     _weight_offset = 0.0
 
     def _norm(self, hidden_states: torch.Tensor, eps: float, residual: torch.Tensor | None):
-        return _rms_norm_fused(hidden_states, (self.weight.shape[-1],), self.weight, eps, residual=residual,
-                               weight_offset=self._weight_offset, casting=self._casting)
+        # baracuda_ops.rms_norm_fused's call, its arguments already in the op's form
+        weight = self.weight
+        if weight.dtype != hidden_states.dtype:
+            weight = _fused_kernel_weight(hidden_states, weight)
+        y, h, _ = _RMSNormFused(hidden_states, residual, [weight.shape[-1]], weight, eps, self._weight_offset,
+                                self._casting)
+        return y if residual is None else (y, h)
 
 
 class LlamaRMSNorm(_HFRMSNorm):

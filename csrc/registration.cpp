@@ -194,6 +194,12 @@ TORCH_LIBRARY(baracuda, m) {
       "embedding_bag_weight_backward(Tensor grad, Tensor indices, Tensor offset2bag, Tensor bag_size, "
       "Tensor max_positions, SymInt num_weights, int bag_mode, Tensor? per_sample_weights, int padding_idx, "
       "bool scale_grad_by_freq, bool sparse) -> Tensor");
+  // embedding_bag whose weight gradient is embedding_bag_weight_backward's (F.embedding_bag's
+  // scale_grad_by_freq / sparse); the forward is embedding_bag's.
+  m.def(
+      "embedding_bag_with_options(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode, "
+      "Tensor? per_sample_weights, bool include_last_offset, int padding_idx, bool scale_grad_by_freq, "
+      "bool sparse) -> (Tensor output, Tensor offset2bag, Tensor bag_size, Tensor max_positions)");
   // (embedding_bag schemas end)
 
   // fractional_max_pool

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import baracuda_ops
 from helpers import assert_close, opcheck
@@ -22,11 +23,20 @@ TOOLS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 def _module_cases(device):
     """(name, module, inputs, C++ Function name of the output's grad_fn) for every module."""
     bags = torch.randint(0, 20, (12,), device=device), torch.tensor([0, 3, 3, 7], device=device)
+    hidden = torch.randn(3, 16, device=device, requires_grad=True)
     return [
-        ("RMSNorm", baracuda_ops.nn.RMSNorm(16, device=device), (torch.randn(3, 16, device=device,
-                                                                             requires_grad=True),), "RMSNormFunction"),
+        ("RMSNorm", baracuda_ops.nn.RMSNorm(16, device=device), (hidden,), "RMSNormFunction"),
+        ("RMSNorm gemma", baracuda_ops.nn.RMSNorm(16, device=device, weight_offset=1.0, casting="gemma"), (hidden,),
+         "RMSNormFusedFunction"),
+        ("LlamaRMSNorm", baracuda_ops.nn.LlamaRMSNorm(16).to(device), (hidden,), "RMSNormFusedFunction"),
+        ("GemmaRMSNorm residual", baracuda_ops.nn.GemmaRMSNorm(16).to(device),
+         (hidden, torch.randn(3, 16, device=device, requires_grad=True)), "RMSNormFusedFunction"),
         ("EmbeddingBag", baracuda_ops.nn.EmbeddingBag(20, 8, mode="mean", padding_idx=2, device=device), bags,
          "EmbeddingBagFunction"),
+        ("EmbeddingBag sparse", baracuda_ops.nn.EmbeddingBag(20, 8, mode="sum", sparse=True, device=device), bags,
+         "EmbeddingBagFunction"),
+        ("EmbeddingBag scale_grad_by_freq", baracuda_ops.nn.EmbeddingBag(20, 8, mode="mean", scale_grad_by_freq=True,
+                                                                         device=device), bags, "EmbeddingBagFunction"),
         ("FractionalMaxPool2d", baracuda_ops.nn.FractionalMaxPool2d(2, output_size=3),
          (torch.randn(2, 3, 7, 7, device=device, requires_grad=True),), "PoolFunction"),
         ("FractionalMaxPool3d", baracuda_ops.nn.FractionalMaxPool3d(2, output_ratio=0.5),
@@ -34,6 +44,9 @@ def _module_cases(device):
         ("ALiBi", baracuda_ops.nn.ALiBi(4, learnable=True, device=device),
          (torch.randn(2, 4, 5, 6, device=device, requires_grad=True),), "AlibiFunction"),
     ]
+
+
+_MODULE_CASES = 10
 
 
 class _PythonCalls:
@@ -55,13 +68,19 @@ class _PythonCalls:
         sys.setprofile(None)
 
 
-@pytest.mark.parametrize("case", range(5))
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out  # (y, h) with a residual
+
+
+@pytest.mark.parametrize("case", range(_MODULE_CASES))
 def test_module_backward_runs_no_python(device, case):
     # The output's grad_fn is the op's C++ autograd Function, not a Python autograd.Function,
     # and backward runs no Python code of ours.
-    name, module, inputs, node = _module_cases(device)[case]
-    module(*inputs).sum().backward()  # a first backward may import lazily (PyTorch's modules, our import hook)
-    out = module(*inputs)
+    cases = _module_cases(device)
+    assert len(cases) == _MODULE_CASES
+    name, module, inputs, node = cases[case]
+    _first(module(*inputs)).sum().backward()  # a first backward may import lazily (PyTorch's modules, our import hook)
+    out = _first(module(*inputs))
     assert not isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction), name
     assert node in out.grad_fn.name(), (name, out.grad_fn.name())
     with _PythonCalls() as recorded:
@@ -73,13 +92,97 @@ def test_module_backward_runs_no_python(device, case):
 
 def test_functional_backward_runs_no_python(device):
     x = torch.randn(4, 6, device=device, requires_grad=True)
+    w = torch.randn(6, device=device, requires_grad=True)
+    idx, off = torch.tensor([0, 2, 2, 1, 3], device=device), torch.tensor([0, 2], device=device)
     outs = [baracuda_ops.rms_norm(x, 6), baracuda_ops.repeat(x, (2, 1, 3)),
-            baracuda_ops.alibi(x.view(1, 2, 2, 6), torch.rand(2, device=device, requires_grad=True))]
+            baracuda_ops.alibi(x.view(1, 2, 2, 6), torch.rand(2, device=device, requires_grad=True)),
+            baracuda_ops.rms_norm_fused(x, 6, w, casting="llama"),
+            baracuda_ops.rms_norm(x, 6, w, residual=torch.randn_like(x))[0],
+            baracuda_ops.embedding_bag(idx, x, off, mode="sum", sparse=True),
+            baracuda_ops.embedding_bag(idx, x, off, mode="mean", scale_grad_by_freq=True)]
     for out in outs:
         assert not isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction)
         with _PythonCalls() as recorded:
             out.backward(torch.randn_like(out))
         assert recorded.calls == [], recorded.calls
+
+
+class _AtenOps(TorchDispatchMode):
+    """Records the ops that reach the kernels (below autograd) while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket).split(".")[-1] if func.namespace == "aten" else func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def _ops_per_call(fn, inputs, grad):
+    """The ops of a forward under no_grad, and of a forward plus backward."""
+    with torch.no_grad(), _AtenOps() as forward:
+        fn()
+    with _AtenOps() as both:
+        torch.autograd.grad(fn(), inputs, grad)
+    return forward.ops, both.ops
+
+
+def _op_count_cases(device):
+    """(name, ours, PyTorch's equivalent, the inputs each is differentiated with respect to, upstream gradient,
+    our forward's ops, our backward's ops)."""
+    x, w = torch.randn(4, 32, device=device, requires_grad=True), torch.randn(32, device=device, requires_grad=True)
+    rms, trms = baracuda_ops.nn.RMSNorm(32, device=device), torch.nn.RMSNorm(32, device=device)
+    llama = baracuda_ops.nn.LlamaRMSNorm(32).to(device)
+    idx, off = torch.randint(0, 50, (12,), device=device), torch.tensor([0, 3, 3, 7], device=device)
+    bag, tbag = (baracuda_ops.nn.EmbeddingBag(50, 8, mode="sum", device=device),
+                 torch.nn.EmbeddingBag(50, 8, mode="sum", device=device))
+    sbag, tsbag = (baracuda_ops.nn.EmbeddingBag(50, 8, mode="sum", sparse=True, device=device),
+                   torch.nn.EmbeddingBag(50, 8, mode="sum", sparse=True, device=device))
+    img, samples = torch.randn(2, 3, 8, 8, device=device, requires_grad=True), torch.rand(2, 3, 2, device=device)
+    scores = torch.randn(1, 4, 5, 5, device=device, requires_grad=True)
+    slopes = baracuda_ops.alibi_slopes(4, device=device).requires_grad_()
+    distance = (torch.arange(5, device=device) - torch.arange(5, device=device).unsqueeze(1)).float()
+    g2, gbag = torch.randn(4, 32, device=device), torch.randn(4, 8, device=device)
+    return [
+        ("rms_norm", lambda: baracuda_ops.rms_norm(x, 32, w), lambda: F.rms_norm(x, (32,), w), (x, w), (x, w), g2,
+         ["baracuda::rms_norm"], ["baracuda::rms_norm_backward"]),
+        ("nn.RMSNorm", lambda: rms(x), lambda: trms(x), (x, rms.weight), (x, trms.weight), g2,
+         ["baracuda::rms_norm"], ["baracuda::rms_norm_backward"]),
+        ("LlamaRMSNorm", lambda: llama(x), lambda: trms(x), (x, llama.weight), (x, trms.weight), g2,
+         ["baracuda::rms_norm_fused"], ["baracuda::rms_norm_fused_backward"]),
+        ("nn.EmbeddingBag", lambda: bag(idx, off), lambda: tbag(idx, off), (bag.weight,), (tbag.weight,), gbag,
+         ["baracuda::embedding_bag"], ["baracuda::embedding_bag_backward"]),
+        ("nn.EmbeddingBag sparse", lambda: sbag(idx, off), lambda: tsbag(idx, off), (sbag.weight,), (tsbag.weight,), gbag,
+         ["baracuda::embedding_bag"], ["baracuda::embedding_bag_weight_backward"]),
+        ("fractional_max_pool2d",
+         lambda: baracuda_ops.fractional_max_pool2d(img, 2, output_size=4, _random_samples=samples),
+         lambda: F.fractional_max_pool2d(img, 2, output_size=4, _random_samples=samples), (img,), (img,),
+         torch.randn(2, 3, 4, 4, device=device),
+         ["baracuda::fractional_max_pool2d"], ["baracuda::fractional_max_pool2d_backward"]),
+        ("repeat", lambda: baracuda_ops.repeat(x, (2, 3)), lambda: x.repeat(2, 3), (x,), (x,),
+         torch.randn(8, 96, device=device), ["baracuda::repeat"], ["baracuda::repeat_backward"]),
+        ("alibi", lambda: baracuda_ops.alibi(scores, slopes), lambda: scores + slopes.view(4, 1, 1) * distance,
+         (scores, slopes), (scores, slopes), torch.randn(1, 4, 5, 5, device=device), ["baracuda::alibi"], ["baracuda::alibi_backward"]),
+    ]
+
+
+_OP_COUNT_CASES = 8
+
+
+@pytest.mark.parametrize("case", range(_OP_COUNT_CASES))
+def test_ops_per_call(device, case):
+    # A call runs its op and nothing else (no casts, copies, fills or tensor creation around it),
+    # forward and backward, and no more ops than PyTorch's equivalent.
+    cases = _op_count_cases(device)
+    assert len(cases) == _OP_COUNT_CASES
+    name, ours, theirs, ours_inputs, theirs_inputs, grad, forward_ops, backward_ops = cases[case]
+    ours_forward, ours_both = _ops_per_call(ours, ours_inputs, grad)
+    theirs_forward, theirs_both = _ops_per_call(theirs, theirs_inputs, grad)
+    assert ours_forward == forward_ops, (name, ours_forward)
+    assert ours_both == forward_ops + backward_ops, (name, ours_both)
+    assert len(ours_forward) <= len(theirs_forward), (name, ours_forward, theirs_forward)
+    assert len(ours_both) <= len(theirs_both), (name, ours_both, theirs_both)
 
 
 def test_double_backward_through_cpp_nodes(device):
@@ -91,6 +194,9 @@ def test_double_backward_through_cpp_nodes(device):
     assert torch.autograd.gradgradcheck(baracuda_ops.alibi, (x.view(1, 2, 2, 3), slopes))
     (dx,) = torch.autograd.grad(baracuda_ops.rms_norm(x, 4).sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="baracuda::rms_norm_backward: double backward"):
+        dx.sum().backward()
+    (dx,) = torch.autograd.grad(baracuda_ops.rms_norm_fused(x, 4, casting="llama").sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="baracuda::rms_norm_fused_backward: double backward"):
         dx.sum().backward()
 
 
@@ -157,8 +263,8 @@ def test_host_timing_runs(device):
     from baracuda_ops import host_timing
 
     rows = host_timing.run(device, iters=2, repeats=1)
-    assert {r["op"] for r in rows} == {"rms_norm", "nn.RMSNorm", "repeat", "embedding_bag", "nn.EmbeddingBag",
-                                       "fractional_max_pool2d", "alibi"}
+    assert {r["op"] for r in rows} == {"rms_norm", "nn.RMSNorm", "nn.LlamaRMSNorm", "repeat", "embedding_bag",
+                                       "nn.EmbeddingBag", "nn.EmbeddingBag sparse", "fractional_max_pool2d", "alibi"}
     assert all(r["ours_us"] > 0 and r["torch_us"] > 0 for r in rows)
     assert "extra us" in host_timing.format_table(rows)
 

@@ -305,40 +305,6 @@ _AlibiBackward = differentiable_op("alibi_backward", _alibi_backward_autograd, _
                                    _alibi_backward_jvp)
 
 
-class _AlibiInplaceFunction(torch.autograd.Function):
-    """Autograd of the in-place op: same gradients as ``alibi``, scores marked dirty."""
-
-    @staticmethod
-    def forward(ctx, keyset, scores, slopes):
-        with torch._C._AutoDispatchBelowAutograd():
-            torch.ops.baracuda.alibi_inplace.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
-        ctx.mark_dirty(scores)
-        ctx.save_for_backward(slopes)
-        return scores
-
-    @staticmethod
-    def backward(ctx, grad):
-        _, need_scores, need_slopes = ctx.needs_input_grad
-        grad_slopes = None
-        if need_slopes:
-            (slopes,) = ctx.saved_tensors
-            _, grad_slopes = _AlibiBackward(grad, slopes, [False, True])
-        return None, (grad if need_scores else None), grad_slopes
-
-
-def _alibi_inplace_autograd(keyset, scores, slopes):
-    if torch.is_grad_enabled() and (scores.requires_grad or slopes.requires_grad):
-        _AlibiInplaceFunction.apply(keyset, scores, slopes)  # rebases scores' history onto this op
-        return
-    with torch._C._AutoDispatchBelowAutograd():
-        torch.ops.baracuda.alibi_inplace.default.redispatch(keyset & torch._C._after_autograd_keyset, scores, slopes)
-    torch.autograd.graph.increment_version(scores)
-
-
-_lib = torch.library.Library("baracuda", "IMPL")  # noqa: TOR901  (kept alive with the module)
-_lib.impl("alibi_inplace", _alibi_inplace_autograd, "Autograd", with_keyset=True)
-
-
 # --------------------------------------------------------------------------- vmap
 #
 # The samples join the batch ([n * B, H, Q, K]); where the slopes differ per sample, or each

@@ -31,9 +31,10 @@ out-of-range index, or whose offsets break those rules, gets NaN in its whole ou
 the caller chooses to sync.
 
 The functional form takes every argument of F.embedding_bag: ``max_norm`` through
-``torch.embedding_renorm_``, ``sparse`` and ``scale_grad_by_freq`` through an autograd.Function
-(``_WithGradientOptions``) over the same op, whose weight gradient is one op,
-``embedding_bag_weight_backward(..., scale_grad_by_freq, sparse)``: the dense gradient with each
+``torch.embedding_renorm_``, ``sparse`` and ``scale_grad_by_freq`` through
+``embedding_bag_with_options`` (embedding_bag's forward; its C++ autograd kernel's weight
+gradient is one op, ``embedding_bag_weight_backward(..., scale_grad_by_freq, sparse)``; under
+torch.func the autograd.Function ``_WithGradientOptions``): the dense gradient with each
 row divided by its count in the indices, or a sparse COO gradient with one entry per position in
 order (F.embedding_bag's entries; a position that takes no gradient, such as padding, keeps its
 entry with value 0, so that no host sync counts the entries).
@@ -47,7 +48,7 @@ from typing import Sequence
 import torch
 
 from .. import _dtensor
-from .._autograd import differentiable_op, op_without_backward
+from .._autograd import DifferentiableOp, differentiable_op, op_without_backward
 from .._vmap import arg_dims, batch_first, per_sample, sample_meta
 from .._errors import (
     BaracudaNotImplementedError,
@@ -140,8 +141,10 @@ def embedding_bag(
             torch.embedding_renorm_(weight, input.reshape(-1), max_norm, norm_type)
     args = (weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad)
     try:
+        if sparse and scale_grad_by_freq:  # the forward runs, the backward refuses (as F.embedding_bag)
+            return _WithGradientOptions.apply(*args, scale_grad_by_freq, sparse)[0]
         if sparse or scale_grad_by_freq:
-            return _WithGradientOptions.apply(*args, sparse, scale_grad_by_freq)[0]
+            return _EmbeddingBagWithOptions(*args, scale_grad_by_freq, sparse)[0]
         return _EmbeddingBag(*args)[0]
     except (TypeError, RuntimeError) as e:
         raise_typed_error("embedding_bag", e, locals(), (), ("input", "weight", "offsets", "per_sample_weights"))
@@ -194,6 +197,13 @@ def _embedding_bag_fake(weight, indices, offsets, bag_mode=0, per_sample_weights
     bag_size = weight.new_empty([num_bags], dtype=torch.int64)
     max_positions = weight.new_empty([num_bags, dim] if bag_mode == 2 else [0], dtype=torch.int64)
     return output, offset2bag, bag_size, max_positions
+
+
+@torch.library.register_fake("baracuda::embedding_bag_with_options")
+def _embedding_bag_with_options_fake(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
+                                     padding_idx, scale_grad_by_freq, sparse):
+    return _embedding_bag_fake(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
+                               padding_idx)
 
 
 @torch.library.register_fake("baracuda::embedding_bag.out")
@@ -319,19 +329,20 @@ def _jvp(ctx, weight_tangent, _indices, _offsets, _mode, psw_tangent, _include_l
 
 
 class _WithGradientOptions(torch.autograd.Function):
-    """baracuda::embedding_bag (the same seven arguments) whose weight gradient follows
-    F.embedding_bag's ``sparse`` and ``scale_grad_by_freq`` (the two trailing arguments)."""
+    """baracuda::embedding_bag_with_options under torch.func and forward-mode AD: embedding_bag
+    (the same seven arguments) whose weight gradient follows F.embedding_bag's
+    ``scale_grad_by_freq`` and ``sparse`` (the two trailing arguments)."""
 
     @staticmethod
-    def forward(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx, sparse,
-                scale_grad_by_freq):
+    def forward(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx,
+                scale_grad_by_freq, sparse):
         return torch.ops.baracuda.embedding_bag(weight, indices, offsets, bag_mode, per_sample_weights,
                                                 include_last_offset, padding_idx)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _setup_context(ctx, inputs[:7], output)
-        ctx.sparse, ctx.scale_grad_by_freq = inputs[7:]
+        ctx.scale_grad_by_freq, ctx.sparse = inputs[7:]
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
@@ -341,6 +352,9 @@ class _WithGradientOptions(torch.autograd.Function):
 
 
 _EmbeddingBag = differentiable_op("embedding_bag", _backward, _setup_context, _jvp)
+# The eager gradient with the options is the C++ kernel of embedding_bag_with_options.
+_EmbeddingBagWithOptions = DifferentiableOp(torch.ops.baracuda.embedding_bag_with_options.default,
+                                            _WithGradientOptions)
 _EmbeddingBagBackward, _PerSampleWeightsBackward = (
     op_without_backward(op, f"baracuda::{op}: double backward of embedding_bag is not supported")
     for op in ("embedding_bag_backward", "embedding_bag_per_sample_weights_backward"))

@@ -251,14 +251,8 @@ _DOUBLE_BACKWARD = ("baracuda::rms_norm_fused_backward: double backward (the gra
                     "gradient) is not supported")
 
 
-def _refuse_double_backward(ctx, *grads):
-    raise NotImplementedError(_DOUBLE_BACKWARD)
-
-
-# This family's autograd is registered from Python (the plain ops' is C++, csrc/autograd/).
-torch.library.register_autograd("baracuda::rms_norm_fused", _backward, setup_context=_setup_context)
-torch.library.register_autograd("baracuda::rms_norm_fused_backward", _refuse_double_backward,
-                                setup_context=lambda ctx, inputs, output: None)
+# The eager gradient is the C++ autograd kernel (csrc/autograd/rms_norm_fused.cpp); these
+# Functions serve torch.func and forward-mode AD (baracuda_ops/_autograd.py).
 _RMSNormFused = differentiable_op("rms_norm_fused", _backward, _setup_context)
 _RMSNormFusedBackward = op_without_backward("rms_norm_fused_backward", _DOUBLE_BACKWARD)
 

@@ -2,6 +2,7 @@
 // copy); d slopes[h] = sum_{b,i,j} dy * (j - i) from baracuda::alibi_backward with
 // output_mask [False, True]. alibi_backward is linear in grad: its gradient is
 // d grad = gg_scores + gg_slopes[h] * (j - i) = alibi(gg_scores, gg_slopes), none for slopes.
+// alibi_inplace has alibi's gradients.
 #include <ATen/ops/zeros.h>
 
 #include <array>
@@ -13,6 +14,7 @@ namespace baracuda::autograd {
 namespace {
 
 using AlibiSig = at::Tensor(const at::Tensor&, const at::Tensor&);
+using AlibiInplaceSig = void(const at::Tensor&, const at::Tensor&);
 using AlibiBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                             std::array<bool, 2>);
 
@@ -23,6 +25,11 @@ const c10::TypedOperatorHandle<AlibiSig>& alibi_op() {
 
 const c10::TypedOperatorHandle<AlibiBackwardSig>& alibi_backward_op() {
   static const auto op = op_handle<AlibiBackwardSig>("alibi_backward");
+  return op;
+}
+
+const c10::TypedOperatorHandle<AlibiInplaceSig>& alibi_inplace_op() {
+  static const auto op = op_handle<AlibiInplaceSig>("alibi_inplace");
   return op;
 }
 
@@ -79,17 +86,44 @@ class AlibiBackwardFunction : public torch::autograd::Function<AlibiBackwardFunc
   }
 };
 
+// alibi_inplace: the gradients of alibi, scores marked dirty (its history rebased onto this node).
+class AlibiInplaceFunction : public torch::autograd::Function<AlibiInplaceFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& scores, const at::Tensor& slopes) {
+    no_zero_grads(ctx);
+    call_below_autograd(alibi_inplace_op(), scores, slopes);
+    ctx->mark_dirty({scores});
+    if (slopes.requires_grad()) ctx->save_for_backward({slopes});
+    return {scores};
+  }
+
+  static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
+    return AlibiFunction::backward(ctx, grads);
+  }
+};
+
 at::Tensor alibi_autograd(const at::Tensor& scores, const at::Tensor& slopes) {
+  if (!needs_node(scores, slopes)) return call_below_autograd(alibi_op(), scores, slopes);
   return AlibiFunction::apply(scores, slopes)[0];
 }
 
 std::tuple<at::Tensor, at::Tensor> alibi_backward_autograd(const at::Tensor& grad, const at::Tensor& slopes,
                                                            std::array<bool, 2> output_mask) {
+  if (!needs_node(grad, slopes)) return call_below_autograd(alibi_backward_op(), grad, slopes, output_mask);
   auto out = AlibiBackwardFunction::apply(grad, slopes, output_mask);
   size_t k = 0;
   at::Tensor grad_scores = output_mask[0] ? std::move(out[k++]) : at::Tensor();
   at::Tensor grad_slopes = output_mask[1] ? std::move(out[k++]) : at::Tensor();
   return {std::move(grad_scores), std::move(grad_slopes)};
+}
+
+void alibi_inplace_autograd(const at::Tensor& scores, const at::Tensor& slopes) {
+  if (needs_node(scores, slopes)) {
+    AlibiInplaceFunction::apply(scores, slopes);
+    return;
+  }
+  call_below_autograd(alibi_inplace_op(), scores, slopes);
+  torch::autograd::impl::bump_version(scores);  // (ADInplaceOrView, skipped below autograd, would)
 }
 
 }  // namespace
@@ -98,4 +132,5 @@ std::tuple<at::Tensor, at::Tensor> alibi_backward_autograd(const at::Tensor& gra
 TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
   m.impl("alibi", &baracuda::autograd::alibi_autograd);
   m.impl("alibi_backward", &baracuda::autograd::alibi_backward_autograd);
+  m.impl("alibi_inplace", &baracuda::autograd::alibi_inplace_autograd);
 }

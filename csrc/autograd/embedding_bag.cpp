@@ -1,9 +1,9 @@
 // embedding_bag autograd: the output is linear in weight and in per_sample_weights.
 // d weight from baracuda::embedding_bag_backward (dense, deterministic; every mode), d
 // per_sample_weights from baracuda::embedding_bag_per_sample_weights_backward (sum mode).
-// Neither backward op has a gradient. (F.embedding_bag's sparse and scale_grad_by_freq
-// gradients: baracuda::embedding_bag_weight_backward, called by the functional's
-// autograd.Function for those options.)
+// baracuda::embedding_bag_with_options is the same forward whose weight gradient follows
+// F.embedding_bag's sparse / scale_grad_by_freq: baracuda::embedding_bag_weight_backward (a COO
+// gradient, or the dense one with rows divided by their counts). No backward op has a gradient.
 #include <optional>
 #include <tuple>
 
@@ -19,6 +19,14 @@ using BackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::T
                                const at::Tensor&, c10::SymInt, int64_t, const std::optional<at::Tensor>&, int64_t);
 using PswBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   int64_t, int64_t);
+using WeightBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, c10::SymInt, int64_t, const std::optional<at::Tensor>&,
+                                     int64_t, bool, bool);
+
+const c10::TypedOperatorHandle<EmbeddingBagSig>& forward_op() {
+  static const auto op = op_handle<EmbeddingBagSig>("embedding_bag");
+  return op;
+}
 
 const c10::TypedOperatorHandle<BackwardSig>& backward_op() {
   static const auto op = op_handle<BackwardSig>("embedding_bag_backward");
@@ -39,10 +47,9 @@ class EmbeddingBagFunction : public torch::autograd::Function<EmbeddingBagFuncti
   static variable_list forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
                                const std::optional<at::Tensor>& offsets, int64_t bag_mode,
                                const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
-                               int64_t padding_idx) {
-    static const auto op = op_handle<EmbeddingBagSig>("embedding_bag");
+                               int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
     auto [output, offset2bag, bag_size, max_positions] =
-        call_below_autograd(op, weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
+        call_below_autograd(forward_op(), weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
                             padding_idx);
     no_zero_grads(ctx);
     ctx->mark_non_differentiable({offset2bag, bag_size, max_positions});
@@ -53,6 +60,8 @@ class EmbeddingBagFunction : public torch::autograd::Function<EmbeddingBagFuncti
     ctx->saved_data["num_weights"] = weight.sym_size(0);
     ctx->saved_data["bag_mode"] = bag_mode;
     ctx->saved_data["padding_idx"] = padding_idx;
+    ctx->saved_data["scale_grad_by_freq"] = scale_grad_by_freq;
+    ctx->saved_data["sparse"] = sparse;
     ctx->save_for_backward({indices, offset2bag, bag_size, max_positions, psw, psw_grad ? weight : at::Tensor()});
     return {output, offset2bag, bag_size, max_positions};
   }
@@ -65,14 +74,21 @@ class EmbeddingBagFunction : public torch::autograd::Function<EmbeddingBagFuncti
     if (grad.defined() && (want_weight || want_psw)) {
       const auto saved = ctx->get_saved_variables();
       const int64_t mode = ctx->saved_data["bag_mode"].toInt(), padding_idx = ctx->saved_data["padding_idx"].toInt();
-      if (want_weight) {
+      const bool scale = ctx->saved_data["scale_grad_by_freq"].toBool(), sparse = ctx->saved_data["sparse"].toBool();
+      if (want_weight && (scale || sparse)) {
+        static const auto weight_backward_op = op_handle<WeightBackwardSig>("embedding_bag_weight_backward");
+        grad_weight = weight_backward_op.call(grad, saved[0], saved[1], saved[2], saved[3],
+                                              ctx->saved_data["num_weights"].toSymInt(), mode, given(saved[4]),
+                                              padding_idx, scale, sparse);
+      } else if (want_weight) {
         grad_weight = backward_op().call(grad, saved[0], saved[1], saved[2], saved[3],
                                          ctx->saved_data["num_weights"].toSymInt(), mode, given(saved[4]),
                                          padding_idx);
       }
       if (want_psw) grad_psw = psw_backward_op().call(grad, saved[5], saved[0], saved[1], mode, padding_idx);
     }
-    return {grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), grad_psw, at::Tensor(), at::Tensor()};
+    return {grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), grad_psw,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -105,21 +121,53 @@ Bag4 embedding_bag_autograd(const at::Tensor& weight, const at::Tensor& indices,
                             const std::optional<at::Tensor>& offsets, int64_t bag_mode,
                             const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
                             int64_t padding_idx) {
+  if (!needs_node(weight, per_sample_weights)) {
+    return call_below_autograd(forward_op(), weight, indices, offsets, bag_mode, per_sample_weights,
+                               include_last_offset, padding_idx);
+  }
   auto out = EmbeddingBagFunction::apply(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
-                                         padding_idx);
+                                         padding_idx, false, false);
   return {std::move(out[0]), std::move(out[1]), std::move(out[2]), std::move(out[3])};
+}
+
+Bag4 with_options_autograd(const at::Tensor& weight, const at::Tensor& indices,
+                           const std::optional<at::Tensor>& offsets, int64_t bag_mode,
+                           const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                           int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
+  if (!needs_node(weight, per_sample_weights)) {
+    return call_below_autograd(forward_op(), weight, indices, offsets, bag_mode, per_sample_weights,
+                               include_last_offset, padding_idx);
+  }
+  auto out = EmbeddingBagFunction::apply(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
+                                         padding_idx, scale_grad_by_freq, sparse);
+  return {std::move(out[0]), std::move(out[1]), std::move(out[2]), std::move(out[3])};
+}
+
+// Every backend (CPU, CUDA, Meta) below autograd: the forward is embedding_bag's (the options
+// act in backward, where embedding_bag_weight_backward refuses the combinations it does not take).
+Bag4 with_options_forward(const at::Tensor& weight, const at::Tensor& indices, const std::optional<at::Tensor>& offsets,
+                          int64_t bag_mode, const std::optional<at::Tensor>& per_sample_weights,
+                          bool include_last_offset, int64_t padding_idx, bool, bool) {
+  return forward_op().call(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx);
 }
 
 at::Tensor backward_autograd(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
                              const at::Tensor& bag_size, const at::Tensor& max_positions, c10::SymInt num_weights,
                              int64_t bag_mode, const std::optional<at::Tensor>& per_sample_weights,
                              int64_t padding_idx) {
+  if (!needs_node(grad, per_sample_weights)) {
+    return call_below_autograd(backward_op(), grad, indices, offset2bag, bag_size, max_positions,
+                               std::move(num_weights), bag_mode, per_sample_weights, padding_idx);
+  }
   return NoGradFunction<DenseBackward>::apply(grad, indices, offset2bag, bag_size, max_positions,
                                               std::move(num_weights), bag_mode, per_sample_weights, padding_idx)[0];
 }
 
 at::Tensor psw_backward_autograd(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
                                  const at::Tensor& offset2bag, int64_t bag_mode, int64_t padding_idx) {
+  if (!needs_node(grad, weight)) {
+    return call_below_autograd(psw_backward_op(), grad, weight, indices, offset2bag, bag_mode, padding_idx);
+  }
   return NoGradFunction<PswBackward>::apply(grad, weight, indices, offset2bag, bag_mode, padding_idx)[0];
 }
 
@@ -128,6 +176,11 @@ at::Tensor psw_backward_autograd(const at::Tensor& grad, const at::Tensor& weigh
 
 TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
   m.impl("embedding_bag", &baracuda::autograd::embedding_bag_autograd);
+  m.impl("embedding_bag_with_options", &baracuda::autograd::with_options_autograd);
   m.impl("embedding_bag_backward", &baracuda::autograd::backward_autograd);
   m.impl("embedding_bag_per_sample_weights_backward", &baracuda::autograd::psw_backward_autograd);
+}
+
+TORCH_LIBRARY_IMPL(baracuda, CompositeExplicitAutograd, m) {
+  m.impl("embedding_bag_with_options", &baracuda::autograd::with_options_forward);
 }

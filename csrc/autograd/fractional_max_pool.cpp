@@ -2,8 +2,6 @@
 // dx[e] = sum over o with idx[o] == e of dy[o] (baracuda::fractional_max_pool<D>d_backward);
 // that is linear in dy, and its gradient reads gg at the argmax: gg.flatten(-D)[..., idx[o]]
 // (a gather, which autograd differentiates further).
-#include <ATen/ops/empty.h>
-
 #include <tuple>
 
 #include "function.h"
@@ -29,32 +27,33 @@ const c10::TypedOperatorHandle<PoolBackwardSig>& backward_op() {
 }
 
 template <int Dims>
+const c10::TypedOperatorHandle<PoolSig>& forward_op() {
+  static const auto op = op_handle<PoolSig>(pool_name<Dims>());
+  return op;
+}
+
+template <int Dims>
 class PoolFunction : public torch::autograd::Function<PoolFunction<Dims>> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& self, c10::IntArrayRef kernel_size,
                                c10::SymIntArrayRef output_size, const at::Tensor& random_samples) {
-    static const auto op = op_handle<PoolSig>(pool_name<Dims>());
-    auto [output, indices] = call_below_autograd(op, self, kernel_size, output_size, random_samples);
+    auto [output, indices] = call_below_autograd(forward_op<Dims>(), self, kernel_size, output_size, random_samples);
     no_zero_grads(ctx);
     ctx->mark_non_differentiable({indices});
-    // The backward op reads only the shape, dtype and device of self: keep those, not self.
-    ctx->saved_data["input_shape"] = self.sym_sizes();
-    ctx->saved_data["input_dtype"] = self.scalar_type();
     ctx->saved_data["kernel_size"] = kernel_size;
     ctx->saved_data["output_size"] = output_size;
-    ctx->save_for_backward({indices});
+    // The backward op reads only self's shape, dtype and device; self is saved as aten's pool
+    // saves it (a stand-in built in backward would cost two more ops per call).
+    ctx->save_for_backward({indices, self});
     return {output, indices};
   }
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
     at::Tensor grad_input;
     if (grads[0].defined()) {
-      // A one-element stand-in for self, expanded to its shape (stride 0, no copy).
-      const at::Tensor self = at::empty({}, grads[0].options().dtype(ctx->saved_data["input_dtype"].toScalarType()))
-                                  .expand_symint(ctx->saved_data["input_shape"].toSymIntVector());
-      grad_input = backward_op<Dims>().call(grads[0], self, ctx->saved_data["kernel_size"].toIntVector(),
-                                            ctx->saved_data["output_size"].toSymIntVector(),
-                                            ctx->get_saved_variables()[0]);
+      const auto saved = ctx->get_saved_variables();
+      grad_input = backward_op<Dims>().call(grads[0], saved[1], ctx->saved_data["kernel_size"].toIntVector(),
+                                            ctx->saved_data["output_size"].toSymIntVector(), saved[0]);
     }
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -85,6 +84,7 @@ class PoolBackwardFunction : public torch::autograd::Function<PoolBackwardFuncti
 template <int Dims>
 std::tuple<at::Tensor, at::Tensor> pool_autograd(const at::Tensor& self, c10::IntArrayRef kernel_size,
                                                  c10::SymIntArrayRef output_size, const at::Tensor& random_samples) {
+  if (!needs_node(self)) return call_below_autograd(forward_op<Dims>(), self, kernel_size, output_size, random_samples);
   auto out = PoolFunction<Dims>::apply(self, kernel_size, output_size, random_samples);
   return {std::move(out[0]), std::move(out[1])};
 }
@@ -93,6 +93,9 @@ template <int Dims>
 at::Tensor pool_backward_autograd(const at::Tensor& grad_output, const at::Tensor& self,
                                   c10::IntArrayRef kernel_size, c10::SymIntArrayRef output_size,
                                   const at::Tensor& indices) {
+  if (!needs_node(grad_output, self)) {
+    return call_below_autograd(backward_op<Dims>(), grad_output, self, kernel_size, output_size, indices);
+  }
   return PoolBackwardFunction<Dims>::apply(grad_output, self, kernel_size, output_size, indices)[0];
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -27,6 +28,26 @@ template <class Signature, class... Args>
 auto call_below_autograd(const c10::TypedOperatorHandle<Signature>& op, Args&&... args) {
   at::AutoDispatchBelowADInplaceOrView guard;
   return op.call(std::forward<Args>(args)...);
+}
+
+// Whether a call needs the Function's node: grad mode on and an input that requires grad, or an
+// input carrying a forward-mode tangent (which the Function refuses with its message). Every
+// other call (no_grad, inputs without grad, the backward ops inside backward) runs the op below
+// autograd directly: no node and no saved state are built for it.
+inline bool records(const at::Tensor& t, bool grad_mode) {
+  return t.defined() && ((grad_mode && t.requires_grad()) || t._fw_grad(/*level=*/0).defined());
+}
+inline bool records(const std::optional<at::Tensor>& t, bool grad_mode) {
+  return t.has_value() && records(*t, grad_mode);
+}
+template <class T>
+bool records(const T&, bool) {
+  return false;
+}
+template <class... Args>
+bool needs_node(const Args&... args) {
+  const bool grad_mode = at::GradMode::is_enabled();
+  return (records(args, grad_mode) || ...);
 }
 
 // Setup every Function shares: outputs that take no gradient are never expanded to zeros.

@@ -54,11 +54,13 @@ class RepeatBackwardFunction : public torch::autograd::Function<RepeatBackwardFu
 };
 
 at::Tensor repeat_autograd(const at::Tensor& self, c10::SymIntArrayRef repeats) {
+  if (!needs_node(self)) return call_below_autograd(repeat_op(), self, repeats);
   return RepeatFunction::apply(self, repeats)[0];
 }
 
 at::Tensor repeat_backward_autograd(const at::Tensor& grad, c10::SymIntArrayRef repeats,
                                     c10::SymIntArrayRef input_shape) {
+  if (!needs_node(grad)) return call_below_autograd(repeat_backward_op(), grad, repeats, input_shape);
   return RepeatBackwardFunction::apply(grad, repeats, input_shape)[0];
 }
 

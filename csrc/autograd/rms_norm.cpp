@@ -16,6 +16,11 @@ using RMSNormBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&,
                                                               c10::SymIntArrayRef, const at::Tensor&,
                                                               const std::optional<at::Tensor>&, std::array<bool, 2>);
 
+const c10::TypedOperatorHandle<RMSNormSig>& forward_op() {
+  static const auto op = op_handle<RMSNormSig>("rms_norm");
+  return op;
+}
+
 const c10::TypedOperatorHandle<RMSNormBackwardSig>& backward_op() {
   static const auto op = op_handle<RMSNormBackwardSig>("rms_norm_backward");
   return op;
@@ -25,8 +30,7 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                const std::optional<at::Tensor>& weight, std::optional<double> eps) {
-    static const auto op = op_handle<RMSNormSig>("rms_norm");
-    auto [output, rstd] = call_below_autograd(op, input, normalized_shape, weight, eps);
+    auto [output, rstd] = call_below_autograd(forward_op(), input, normalized_shape, weight, eps);
     no_zero_grads(ctx);
     ctx->mark_non_differentiable({rstd});
     ctx->saved_data["normalized_shape"] = normalized_shape;
@@ -73,6 +77,7 @@ class RMSNormBackwardFunction : public torch::autograd::Function<RMSNormBackward
 std::tuple<at::Tensor, at::Tensor> rms_norm_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                                                      const std::optional<at::Tensor>& weight,
                                                      std::optional<double> eps) {
+  if (!needs_node(input, weight)) return call_below_autograd(forward_op(), input, normalized_shape, weight, eps);
   auto out = RMSNormFunction::apply(input, normalized_shape, weight, eps);
   return {std::move(out[0]), std::move(out[1])};
 }
@@ -82,6 +87,9 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_autograd(const at::Tensor& 
                                                               const at::Tensor& rstd,
                                                               const std::optional<at::Tensor>& weight,
                                                               std::array<bool, 2> output_mask) {
+  if (!needs_node(grad_out, input, rstd, weight)) {
+    return call_below_autograd(backward_op(), grad_out, input, normalized_shape, rstd, weight, output_mask);
+  }
   auto out = RMSNormBackwardFunction::apply(grad_out, input, normalized_shape, rstd, weight, output_mask);
   const bool computes_weight = output_mask[1] && weight.has_value() && weight->defined();
   size_t k = 0;
