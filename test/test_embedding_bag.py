@@ -49,6 +49,57 @@ def check_against_reference(idx, w, off, mode, psw=None, padding_idx=None, inclu
         assert_close(a, b, dtype=w.dtype, scale=scale)
 
 
+def _bags_summed_in_order(weight, indices, offsets, mode, psw, padding_idx):
+    """The CPU forward's sum and mean as the kernel defines them: each bag's entries added in
+    position order to a zero of the accumulate type (float64 for float64, else float32), a
+    weighted entry as the rounded product psw * row, the mean divided in that type, then rounded
+    once to weight's dtype."""
+    acc_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    begins = offsets.long()
+    ends = torch.cat([begins[1:], begins.new_tensor([indices.numel()])])
+    acc = torch.zeros(begins.numel(), weight.shape[1], dtype=acc_dtype)
+    count = torch.zeros(begins.numel(), dtype=acc_dtype)
+    for j in range(int((ends - begins).max())):
+        bags = ((begins + j) < ends).nonzero().view(-1)
+        pos = begins[bags] + j
+        rows = indices[pos].long()
+        keep = rows != padding_idx
+        bags, pos, rows = bags[keep], pos[keep], rows[keep]
+        x = weight[rows].to(acc_dtype)
+        acc[bags] += x if psw is None else psw[pos].to(acc_dtype)[:, None] * x
+        count[bags] += 1
+    if mode == "mean":
+        acc = torch.where(count[:, None] > 0, acc / count.clamp(min=1)[:, None], torch.zeros_like(acc))
+    return acc.to(weight.dtype)
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+# Widths that leave every column block of the sums (8 vectors, then 4, 2, 1 of 16, 32 and
+# 64 bytes) and a scalar tail, on every vector ISA.
+@pytest.mark.parametrize("dim", [1, 3, 4, 7, 8, 12, 15, 16, 24, 31, 33, 40, 56, 64, 72, 100, 128, 136, 200, 257])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cpu_forward_same_bits_as_the_ordered_bag_sum_on_one_and_two_threads(dim, dtype, restore_threads):
+    weight = torch.randn(300, dim).to(dtype)
+    indices = torch.randint(0, 300, (900,), dtype=torch.int32 if dim % 2 else torch.int64)
+    indices[::9] = 5
+    offsets = torch.sort(torch.randint(0, 900, (64,)))[0].to(indices.dtype)
+    offsets[0] = 0
+    psw = torch.randn(900).to(dtype)
+    for mode, weights, padding_idx in (("sum", None, -1), ("sum", psw, 5), ("mean", None, 5), ("mean", None, -1)):
+        expected = _bags_summed_in_order(weight, indices, offsets, mode, weights, padding_idx)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = torch.ops.baracuda.embedding_bag(weight, indices, offsets, MODE_ENUM[mode], weights, False,
+                                                   padding_idx)[0]
+            assert torch.equal(out.view(-1).view(torch.uint8), expected.view(-1).view(torch.uint8)), (mode, threads)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_forward_and_grads_match_F(device, mode, dtype):

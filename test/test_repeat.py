@@ -77,6 +77,58 @@ def test_backward_bit_identical_twice(device, shape, repeats, dtype):
     torch.testing.assert_close(a.double(), ref, rtol=torch.finfo(dtype).eps, atol=4 * tiles * 2**-23)
 
 
+def _tile_sum_in_order(grad, repeats, shape):
+    """dx as the CPU kernel defines it: the tiles added one at a time, in row-major order over
+    the repeat grid, to a zero of the accumulate type (float64 for float64, else float32), then
+    rounded once to grad's dtype."""
+    full = [1] * (len(repeats) - len(shape)) + list(shape)
+    split = grad.reshape([d for r, s in zip(repeats, full) for d in (r, s)])
+    tiles = split.permute(list(range(0, 2 * len(full), 2)) + list(range(1, 2 * len(full), 2))).reshape(-1, *full)
+    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    acc = torch.zeros(full, dtype=acc_dtype, device=grad.device)
+    for tile in tiles:
+        acc += tile.to(acc_dtype)
+    return acc.to(grad.dtype).reshape(shape)
+
+
+def _bits(t):
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+# Rows of every length up to past two 64-byte vectors (the vector loops' tails), rows
+# longer than the forward's 16384-element pieces, rows walked across several outer dims
+# (a thread's first row found mid-way), many tiles.
+THREAD_CASES = [((3, n), (2, 3)) for n in (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65)] + [
+    ((2, 40000), (2, 2)),
+    ((5, 7, 3), (3, 4, 5)),
+    ((3, 4, 5, 6), (2, 3, 2, 2)),
+    ((37, 129, 5), (4, 3, 2)),
+    ((200,), (300, 1)),
+    ((1, 1, 70), (60, 2, 1, 1)),
+]
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("shape,repeats", THREAD_CASES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cpu_same_bits_as_the_ordered_tile_sum_on_one_and_two_threads(shape, repeats, dtype, restore_threads):
+    x = random(shape, dtype, "cpu")
+    grad = random(x.repeat(*repeats).shape, dtype, "cpu")
+    grad.view(-1)[::5] = -0.0  # signed zeros: the sums start from +0.0, as the kernel's do
+    expected = _tile_sum_in_order(grad, repeats, shape)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        assert torch.equal(_bits(torch.ops.baracuda.repeat(x, list(repeats))), _bits(x.repeat(*repeats)))
+        dx = torch.ops.baracuda.repeat_backward(grad, list(repeats), list(shape))
+        assert torch.equal(_bits(dx), _bits(expected)), (threads, shape, repeats)
+
+
 def test_backward_of_non_contiguous_grad(device):
     x = random((3, 5), torch.float64, device, requires_grad=True)
     grad = random((10, 6), torch.float64, device).t()

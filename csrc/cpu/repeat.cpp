@@ -4,7 +4,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "baracuda/checks.h"
@@ -16,23 +18,48 @@
 namespace baracuda {
 namespace {
 
-// Output-element offset of collapsed input position (row r of the input viewed
-// as [input_numel / s_last, s_last], column 0) in tile 0.
-int64_t output_base_of_input_row(const TiledLayout& t, int64_t row) {
-  int64_t base = 0;
-  int64_t out_stride = t.output_row();
-  for (int d = t.ndim - 2; d >= 0; --d) {
-    base += (row % t.size[d]) * out_stride;
-    row /= t.size[d];
-    out_stride *= t.size[d] * t.repeat[d];
+// Row index over the outer collapsed dims (all but the last) in row-major
+// order, dim d of extent size[d] * reps[d], with offset = sum_d (digit_d mod
+// size[d]) * stride[d] kept up to date: seek() divides once, next() steps
+// without division.
+struct RowWalk {
+  int ndim = 0;
+  int64_t size[kMaxTileDims], reps[kMaxTileDims], stride[kMaxTileDims];
+  int64_t pos[kMaxTileDims] = {}, rep[kMaxTileDims] = {};
+  int64_t offset = 0;
+
+  void seek(int64_t row) {
+    offset = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      const int64_t extent = size[d] * reps[d];
+      const int64_t digit = row % extent;
+      row /= extent;
+      pos[d] = digit % size[d];
+      rep[d] = digit / size[d];
+      offset += pos[d] * stride[d];
+    }
   }
-  return base;
-}
+
+  void next() {
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (++pos[d] < size[d]) {
+        offset += stride[d];
+        return;
+      }
+      pos[d] = 0;
+      offset -= (size[d] - 1) * stride[d];
+      if (++rep[d] < reps[d]) return;
+      rep[d] = 0;
+    }
+  }
+};
 
 // y[i] = x[i_d mod s_d for each collapsed dim d]. The output is a sequence of
-// copies of input runs (s_last contiguous elements, r_last times per output row);
-// the work is split into pieces of at most kPiece elements of one run, so even a
-// single long row is copied by all threads.
+// copies of input rows (s_last contiguous elements, r_last times per output
+// row); the work is split into pieces of at most kPiece elements of one copy,
+// so even a single long row is copied by all threads. A thread's pieces are
+// consecutive in the output: it finds the input row of its first piece once
+// and steps to the next ones without division.
 void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& out) {
   constexpr int64_t kPiece = 16384;
   const int64_t elem = x.element_size();
@@ -40,22 +67,31 @@ void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& ou
   const int64_t r_last = t.repeat[t.ndim - 1];
   const int64_t pieces = (s_last + kPiece - 1) / kPiece;
   const int64_t units = t.output_numel() / s_last * pieces;  // (output row, tile, piece)
+  RowWalk rows;  // output rows -> input row
+  rows.ndim = t.ndim - 1;
+  for (int64_t d = rows.ndim - 1, in_stride = 1; d >= 0; --d) {
+    rows.size[d] = t.size[d];
+    rows.reps[d] = t.repeat[d];
+    rows.stride[d] = in_stride;
+    in_stride *= t.size[d];
+  }
   const auto* src = static_cast<const char*>(x.const_data_ptr());
   auto* dst = static_cast<char*>(out.mutable_data_ptr());
   const int64_t grain = std::max<int64_t>(1, 32768 / (std::min(s_last, kPiece) * elem));
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    RowWalk walk = rows;
+    int64_t piece = begin % pieces, tile = begin / pieces % r_last;
+    walk.seek(begin / pieces / r_last);
+    char* o = dst + ((begin / pieces) * s_last + piece * kPiece) * elem;
     for (int64_t u = begin; u < end; ++u) {
-      const int64_t piece = u % pieces, run = u / pieces;
-      const int64_t row = run / r_last;
-      int64_t rem = row, src_row = 0, in_stride = 1;
-      for (int d = t.ndim - 2; d >= 0; --d) {
-        const int64_t extent = t.size[d] * t.repeat[d];
-        src_row += ((rem % extent) % t.size[d]) * in_stride;
-        rem /= extent;
-        in_stride *= t.size[d];
-      }
       const int64_t first = piece * kPiece, n = std::min(kPiece, s_last - first);
-      std::memcpy(dst + (run * s_last + first) * elem, src + (src_row * s_last + first) * elem, n * elem);
+      std::memcpy(o, src + (walk.offset * s_last + first) * elem, n * elem);
+      o += n * elem;
+      if (++piece < pieces) continue;
+      piece = 0;
+      if (++tile < r_last) continue;
+      tile = 0;
+      walk.next();
     }
   });
 }
@@ -63,7 +99,8 @@ void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& ou
 // dx[c] = sum over tiles k (row-major over the repeat grid) of grad[c + offset(k)],
 // accumulated in acc_t in that fixed order. Parallel over input elements, each
 // chunk split at input-row boundaries so a row's tiles are contiguous runs,
-// added in the CPU's widest vectors (cpu::run_vectorized, cpu::accumulate).
+// added in the CPU's widest vectors (cpu::run_vectorized, cpu::accumulate) into
+// dx itself when it is acc_t, else into a row of acc_t converted once.
 template <typename scalar_t, typename acc_t>
 void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
   const int64_t s_last = t.size[t.ndim - 1];
@@ -77,21 +114,36 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
     step[d] = t.size[d] * out_stride;
     out_stride *= t.size[d] * t.repeat[d];
   }
+  RowWalk rows;  // input rows -> offset of their first element in tile 0 of grad
+  rows.ndim = t.ndim - 1;
+  for (int64_t d = rows.ndim - 1, stride = t.output_row(); d >= 0; --d) {
+    rows.size[d] = t.size[d];
+    rows.reps[d] = 1;
+    rows.stride[d] = stride;
+    stride *= t.size[d] * t.repeat[d];
+  }
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, tiles));
   at::parallel_for(0, t.input_numel(), grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> acc;
+    std::vector<acc_t> buf;
+    RowWalk walk = rows;
+    walk.seek(begin / s_last);
     cpu::run_vectorized([&](auto vector_bytes) {
       constexpr int kBytes = decltype(vector_bytes)::value;
-      for (int64_t c = begin; c < end;) {
-        const int64_t row = c / s_last, col = c % s_last;
+      for (int64_t c = begin, col = begin % s_last; c < end; col = 0, walk.next()) {
         const int64_t n = std::min(end - c, s_last - col);
-        const scalar_t* g = grad + output_base_of_input_row(t, row) + col;
-        acc.assign(n, acc_t(0));
+        const scalar_t* g = grad + walk.offset + col;
+        acc_t* acc;
+        if constexpr (std::is_same_v<scalar_t, acc_t>) {
+          acc = dx + c;
+        } else {
+          buf.resize(n);
+          acc = buf.data();
+        }
+        std::fill(acc, acc + n, acc_t(0));
         int64_t digit[kMaxTileDims] = {};
         int64_t offset = 0;
         for (int64_t k = 0; k < tiles; ++k) {
-          const scalar_t* gk = g + offset;
-          cpu::accumulate<kBytes>(acc.data(), gk, n);
+          cpu::accumulate<kBytes>(acc, g + offset, n);
           for (int d = t.ndim - 1; d >= 0; --d) {
             offset += step[d];
             if (++digit[d] < t.repeat[d]) break;
@@ -99,7 +151,7 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
             digit[d] = 0;
           }
         }
-        for (int64_t i = 0; i < n; ++i) dx[c + i] = static_cast<scalar_t>(acc[i]);
+        if constexpr (!std::is_same_v<scalar_t, acc_t>) cpu::store_from_acc<kBytes>(dx + c, acc, n);
         c += n;
       }
     });

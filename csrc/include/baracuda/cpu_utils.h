@@ -122,6 +122,43 @@ template <int kBytes, typename acc_t, typename T>
   }
 }
 
+// p[0 .. N) = T(v[k]): bfloat16 rounded to nearest even on the bits (NaN to
+// the quiet NaN 0x7FC0), as c10::BFloat16's conversion does, so the bits equal
+// the scalar conversion's; other types converted lane by lane.
+template <typename acc_t, int N, typename T>
+[[gnu::always_inline]] inline void store_vec(const Vec<acc_t, N>& v, T* p) {
+  if constexpr (std::is_same_v<T, acc_t>) {
+    std::memcpy(p, &v, sizeof(v));
+  } else if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<acc_t, float>) {
+    Vec<uint32_t, N> bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    const Vec<uint32_t, N> rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const Vec<uint32_t, N> nan = (Vec<uint32_t, N>)(v != v);  // all ones where v is NaN
+    const Vec<uint16_t, N> out = __builtin_convertvector((rounded & ~nan) | (0x7FC0u & nan), Vec<uint16_t, N>);
+    std::memcpy(p, &out, sizeof(out));
+  } else {
+    for (int k = 0; k < N; ++k) p[k] = static_cast<T>(v[k]);
+  }
+}
+
+// y[i] = T(a[i]) for i < n, in vectors of kBytes of acc_t, the tail in vectors
+// of half that width down to 16 bytes, then one by one.
+template <int kBytes, typename T, typename acc_t>
+[[gnu::always_inline]] inline void store_from_acc(T* y, const acc_t* a, int64_t n) {
+  constexpr int kPer = kBytes / int(sizeof(acc_t));
+  int64_t i = 0;
+  for (; i + kPer <= n; i += kPer) {
+    Vec<acc_t, kPer> v;
+    std::memcpy(&v, a + i, sizeof(v));
+    store_vec<acc_t, kPer>(v, y + i);
+  }
+  if constexpr (kBytes > 16) {
+    store_from_acc<kBytes / 2>(y + i, a + i, n - i);
+  } else {
+    for (; i < n; ++i) y[i] = static_cast<T>(a[i]);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Vector ISA at run time. The extension is compiled for baseline x86-64 (SSE2),
 // so that it runs on any x86-64 CPU; run_vectorized(fn) runs fn compiled again
