@@ -65,6 +65,14 @@ def samples(device):
             yield SampleInput("sum_scale_grad_by_freq", ops.embedding_bag_weight_backward.default,
                               bargs + (True, False), skips=only(("opcheck", "determinism"), "the scaled dense gradient; "
                                                                 "embedding_bag_backward's samples run the rest"))
+        if name in ("sum", "mean_int32_padding"):
+            # embedding_bag_with_options: embedding_bag's forward, embedding_bag_weight_backward's
+            # scaled or sparse weight gradient.
+            for scale, sparse in ((True, False), (False, True)):
+                yield SampleInput(f"{name}_{'sparse' if sparse else 'scale_grad_by_freq'}",
+                                  ops.embedding_bag_with_options.default, args + (scale, sparse), grad=(0,),
+                                  skips=only(("opcheck", "determinism", "compile"), "the options' weight gradient; "
+                                             "embedding_bag's samples run the rest"))
         if mode == 0:
             pargs = (grad, w, idx, o2b, mode, pad)
             yield SampleInput(name, ops.embedding_bag_per_sample_weights_backward.default, pargs,
