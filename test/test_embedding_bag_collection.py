@@ -208,17 +208,11 @@ def test_seven_tables_compile_once_per_index_dtype(form):
     assert _compiled_runs(_SevenTables(form), limit=2) == 2
 
 
-_SPARSE_RECOMPILES = ("the sparse path's autograd.Function breaks the graph inside EmbeddingBag.forward (Dynamo "
-                      "does not trace its sparse gradient); that frame then recompiles per table, its parameter "
-                      "shapes being static")
-
-
-@pytest.mark.xfail(strict=True, reason=_SPARSE_RECOMPILES,
-                   raises=(torch._dynamo.exc.Unsupported, torch._dynamo.exc.FailOnRecompileLimitHit))
-def test_sparse_gradients_under_compile_break_the_graph_at_most_once_per_call_site():
+def test_sparse_gradients_compile_without_graph_breaks_or_recompiles_per_table():
     model = _SevenTables("module", sparse=True)
     torch._dynamo.reset()
+    # the sparse gradient's node is C++ (embedding_bag_with_options): Dynamo traces the op whole
     explanation = torch._dynamo.explain(model)(*_bags(torch.int64))
-    assert explanation.graph_break_count <= len(model.tables), explanation.break_reasons
+    assert explanation.graph_break_count == 0, explanation.break_reasons
     # no table recompiles its frames: two entries (the two index dtypes) per code object
     _compiled_runs(model, limit=2)
