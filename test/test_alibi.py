@@ -7,6 +7,7 @@ from expecttest import TestCase
 import baracuda_ops
 from baracuda_ops.bench.alibi import reference, reference_slope_grad
 from helpers import FLOAT_DTYPES, TOLERANCES, assert_close, poison, random, require_free_gpu_memory
+from samples.alibi import slopes as _slopes
 
 # [B, H, Q, K]: tiny, K a multiple of every vector width (8, 16, 4096), odd K (scalar
 # path), Q > K and Q < K, decode (Q = 1), shapes whose slope gradient spreads each
@@ -26,14 +27,6 @@ SHAPES = [
     (2, 2, 0, 4),
     (2, 2, 3, 0),
 ]
-
-
-def _slopes(h, dtype, device):
-    """The paper's slopes, perturbed so that no two heads share a value."""
-    if h == 0:
-        return torch.empty(0, dtype=dtype, device=device)
-    return (baracuda_ops.alibi_slopes(h, dtype=torch.float64, device=device) * (1 + 0.1 * torch.rand(h, device=device,
-            dtype=torch.float64))).to(dtype)
 
 
 def _slope_grad_tolerance(grad, dtype):
