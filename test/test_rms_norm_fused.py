@@ -548,3 +548,38 @@ def test_quant_scale_value_checked_on_cuda():
     x = torch.randn(3, 8, device="cuda")
     with pytest.raises(ValueError, match=r"baracuda::rms_norm_quant: scale must be finite and > 0, got nan"):
         baracuda_ops.rms_norm_quant(x, 8, scale=torch.tensor([float("nan")], device="cuda"))
+
+
+@pytest.mark.parametrize("casting, weight_offset", [("torch", 0.0), ("gemma", 1.0), ("llama", 0.0)])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("weight_shape", [None, (8,), (3, 8)])
+def test_jvp_matches_the_float64_formula(device, casting, weight_offset, residual, weight_shape):
+    # forward mode: torch.func.jvp of the op equals jvp of h = x + r, y = h * rsqrt(mean(h^2) + eps)
+    # * (w + offset) written in plain float64 ops, for every tangent input
+    if weight_shape is None and weight_offset:
+        pytest.skip("a weight offset needs a weight")
+    x = torch.randn(2, 3, 8, dtype=torch.float64, device=device)
+    primals = [x] + ([torch.randn_like(x)] if residual else []) + (
+        [torch.randn(weight_shape, dtype=torch.float64, device=device)] if weight_shape else [])
+    tangents = [torch.randn_like(p) for p in primals]
+
+    def split(args):
+        args = list(args)
+        x = args.pop(0)
+        r = args.pop(0) if residual else None
+        return x, r, (args[0] if weight_shape else None)
+
+    def ours(*args):
+        x, r, w = split(args)
+        return baracuda_ops.rms_norm_fused(x, [8], w, 1e-6, residual=r, weight_offset=weight_offset, casting=casting)
+
+    def formula(*args):
+        x, r, w = split(args)
+        h = x if r is None else x + r
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        y = y if w is None else y * (w + weight_offset)
+        return y if r is None else (y, h)
+
+    _, got = torch.func.jvp(ours, tuple(primals), tuple(tangents))
+    _, want = torch.func.jvp(formula, tuple(primals), tuple(tangents))
+    torch.testing.assert_close(got, want)

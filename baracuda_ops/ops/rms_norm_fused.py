@@ -226,6 +226,7 @@ def _setup_context(ctx, inputs, output):
     # (one call: each call replaces the set marked before)
     ctx.mark_non_differentiable(*((rstd,) if residual is not None else (rstd, h)))
     ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+    ctx.save_for_forward(h if residual is not None else x, weight, rstd)
 
 
 def _backward(ctx, grad_y, grad_h, _grad_rstd):
@@ -247,13 +248,35 @@ def _backward(ctx, grad_y, grad_h, _grad_rstd):
     return (grad_input if need_x else None, grad_residual if need_r else None, None, grad_weight, None, None, None)
 
 
+def _jvp(ctx, x_tangent, residual_tangent, _normalized_shape, weight_tangent, _eps, _weight_offset, _casting):
+    # h = x + r, y = x_hat * (w + offset) with x_hat = h * rstd: dh = dx + dr, dy = J(dh) * (w + offset)
+    # + x_hat * dw, J(dh) = rstd * dh - x_hat * rstd * mean(x_hat * dh) (the backward op's dx for
+    # grad dh, no weight: J is symmetric). The casts of the forward (h to its dtype, llama's x_hat
+    # to the input's) count as the identity, as in the backward; rstd takes no tangent.
+    h, weight, rstd = ctx.saved_tensors
+    acc = torch.promote_types(h.dtype, torch.float32)  # the computation type: float32, float64 for float64
+    dh = x_tangent if residual_tangent is None else residual_tangent if x_tangent is None else (
+        x_tangent.to(h.dtype) + residual_tangent.to(h.dtype))
+    y_tangent = None
+    if dh is not None:
+        y_tangent = _RMSNormFusedBackward(dh.to(h.dtype), None, h, ctx.normalized_shape, rstd, None, 0.0, "torch",
+                                          h.dtype, [True, False, False])[0].to(acc)
+        if weight is not None:
+            y_tangent = y_tangent * (weight.to(acc) + ctx.weight_offset)
+    if weight_tangent is not None:
+        term = h.to(acc) * rstd.to(acc) * weight_tangent.to(acc)
+        y_tangent = term if y_tangent is None else y_tangent + term
+    h_tangent = dh.to(h.dtype) if ctx.has_residual and dh is not None else None
+    return (None if y_tangent is None else y_tangent.to(ctx.output_dtype)), h_tangent, None
+
+
 _DOUBLE_BACKWARD = ("baracuda::rms_norm_fused_backward: double backward (the gradient of rms_norm_fused's "
                     "gradient) is not supported")
 
 
 # The eager gradient is the C++ autograd kernel (csrc/autograd/rms_norm_fused.cpp); these
 # Functions serve torch.func and forward-mode AD (baracuda_ops/_autograd.py).
-_RMSNormFused = differentiable_op("rms_norm_fused", _backward, _setup_context)
+_RMSNormFused = differentiable_op("rms_norm_fused", _backward, _setup_context, _jvp)
 _RMSNormFusedBackward = op_without_backward("rms_norm_fused_backward", _DOUBLE_BACKWARD)
 
 

@@ -10,9 +10,10 @@ ops = torch.ops.baracuda
 EXTRA_OPCHECK = "an extra opcheck layout; the other samples run the rest of the battery"
 VMAP = "a vmap layout; the other samples run the rest of the battery"
 F64 = "float64 gradients; the float32 samples run the rest of the battery"
-# Battery parts no sample of the family runs.
-FAMILY_SKIPS = {"torch_func": "the ops have no forward-mode derivative (jvp); test_rms_norm_fused.py checks "
-                              "torch.func's per-sample gradients"}
+
+
+def _one_output(out):
+    return out[0] + out[1].cos() if isinstance(out, tuple) else out
 
 
 def _reference(x, r, w):
@@ -97,6 +98,10 @@ def samples(device):
             ("f64_residual_no_weight", (x, r, [6], None, None, 0.0, "torch"), (0, 1),
              lambda x, r: baracuda_ops.rms_norm_fused(x, 6, residual=r))):
         yield SampleInput(name, ops.rms_norm_fused.default, args, grad=grad, fn=fn, skips=only(("gradcheck",), F64))
+        # torch.func (grad, vjp, per-sample grads, jacfwd, forward AD) on one output: y, and h through cos
+        yield SampleInput(f"{name}_one_output", ops.rms_norm_fused.default, args, grad=grad,
+                          fn=lambda *a, f=fn: _one_output(f(*a)),
+                          skips=only(("torch_func",), "torch.func on float64; the float32 samples run the rest"))
 
     def two_calls(x, r, w, wh):
         y, h = baracuda_ops.rms_norm_fused(x, 16, w, residual=r, weight_offset=1.0)
