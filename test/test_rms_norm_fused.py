@@ -325,6 +325,44 @@ def test_plan_errors(device):
         baracuda_ops.RMSNormFusedPlan.select(desc)
 
 
+@pytest.mark.parametrize("static_scale", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quant_plan_writes_the_ops_outputs(device, static_scale, dtype):
+    shape, ns = (5, 2, 16), (16,)
+    desc = baracuda_ops.RMSNormQuantDescriptor(shape, ns, dtype, residual_dtype=torch.float32, weight_offset=1.0,
+                                               casting="gemma", static_scale=static_scale, device=device)
+    plan = baracuda_ops.RMSNormQuantPlan.select(desc)
+    assert plan.workspace_size() == 0
+    x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random((16,), dtype, device)
+    scale = torch.tensor([0.02], device=device) if static_scale else None
+    args = baracuda_ops.RMSNormQuantArgs(
+        x, r, w, scale, torch.full(shape, 7.0, device=device).to(torch.float8_e4m3fn),
+        poison(torch.empty(shape, device=device)),
+        None if static_scale else poison(torch.empty(desc.rstd_shape, device=device)))
+    plan.run(args)
+    q, h, row_scale = torch.ops.baracuda.rms_norm_quant(x, r, list(ns), w, None, 1.0, "gemma", scale)
+    assert torch.equal(args.output.view(torch.uint8), q.view(torch.uint8))
+    torch.testing.assert_close(args.residual_out, h, rtol=0, atol=0)
+    if not static_scale:
+        torch.testing.assert_close(args.scale_out, row_scale, rtol=0, atol=0)
+
+
+def test_quant_plan_errors(device):
+    shape = (4, 8)
+    desc = baracuda_ops.RMSNormQuantDescriptor(shape, (8,), torch.float32, static_scale=True, device=device)
+    plan = baracuda_ops.RMSNormQuantPlan.select(desc)
+    x, w = random(shape, torch.float32, device), random((8,), torch.float32, device)
+    q = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="the descriptor has a scale but args.scale is None"):
+        plan.run(baracuda_ops.RMSNormQuantArgs(x, None, w, None, q, None, None))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match=r"output dtype torch.float32 != expected "
+                                                               r"torch.float8_e4m3fn"):
+        plan.run(baracuda_ops.RMSNormQuantArgs(x, None, w, torch.ones(1, device=device), x.clone(), None, None))
+    with pytest.raises(baracuda_ops.InvalidProblemError, match="the descriptor has no scale_out but args.scale_out"):
+        plan.run(baracuda_ops.RMSNormQuantArgs(x, None, w, torch.ones(1, device=device), q, None,
+                                               torch.empty(4, 1, device=device)))
+
+
 # ---------------------------------------------------------------------------- Hugging Face modules
 
 transformers = pytest.importorskip("transformers")

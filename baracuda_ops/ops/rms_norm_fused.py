@@ -62,6 +62,9 @@ __all__ = [
     "RMSNormFusedDescriptor",
     "RMSNormFusedArgs",
     "RMSNormFusedPlan",
+    "RMSNormQuantDescriptor",
+    "RMSNormQuantArgs",
+    "RMSNormQuantPlan",
     "RMSNormFusedBackwardDescriptor",
     "RMSNormFusedBackwardArgs",
     "RMSNormFusedBackwardPlan",
@@ -514,18 +517,26 @@ class RMSNormFusedPlan(Plan):
     def select(cls, desc: RMSNormFusedDescriptor, pref: PlanPreference = PlanPreference()) -> "RMSNormFusedPlan":
         return cls(desc, pref, _select_problem(cls.op, desc))
 
-    def can_implement(self, args: RMSNormFusedArgs) -> None:
+    def _check_optional(self, name: str, t: torch.Tensor | None, shape, dtype: torch.dtype | None) -> None:
+        """A tensor the descriptor has exactly when ``dtype`` is not None."""
+        if (dtype is None) != (t is None):
+            raise InvalidProblemError(
+                f"baracuda::{self.op}: the descriptor {'has no' if dtype is None else 'has a'} {name} but "
+                f"args.{name} is {'given' if t is not None else 'None'}")
+        if t is not None:
+            self._check_tensor(name, t, shape, dtype)
+
+    def _check_forward(self, args) -> None:
+        """input, weight, residual and residual_out as the descriptor says."""
         d = self.desc
         self._check_tensor("input", args.input, d.input_shape, d.dtype)
-        for name, t, dtype, shape in (("weight", args.weight, d.resolved_weight_dtype, d.resolved_weight_shape),
-                                      ("residual", args.residual, d.residual_dtype, d.input_shape),
-                                      ("residual_out", args.residual_out, d.residual_dtype, d.input_shape)):
-            if (dtype is None) != (t is None):
-                raise InvalidProblemError(
-                    f"baracuda::{self.op}: the descriptor {'has no' if dtype is None else 'has a'} {name} but "
-                    f"args.{name} is {'given' if t is not None else 'None'}")
-            if t is not None:
-                self._check_tensor(name, t, shape, dtype)
+        self._check_optional("weight", args.weight, d.resolved_weight_shape, d.resolved_weight_dtype)
+        self._check_optional("residual", args.residual, d.input_shape, d.residual_dtype)
+        self._check_optional("residual_out", args.residual_out, d.input_shape, d.residual_dtype)
+
+    def can_implement(self, args: RMSNormFusedArgs) -> None:
+        d = self.desc
+        self._check_forward(args)
         self._check_tensor("output", args.output, d.input_shape, d.output_dtype)
         self._check_tensor("rstd", args.rstd, d.rstd_shape, _acc_dtype(d.dtype))
 
@@ -538,6 +549,55 @@ class RMSNormFusedPlan(Plan):
             torch.ops.baracuda.rms_norm_fused.out(args.input, args.residual, list(d.normalized_shape), args.weight,
                                                   d.eps, d.weight_offset, d.casting, output=args.output,
                                                   residual_out=residual_out, rstd=args.rstd)
+
+
+@dataclass(frozen=True)
+class RMSNormQuantDescriptor(RMSNormFusedDescriptor):
+    """The forward's descriptor; ``static_scale``: one float32 scale given by the caller, else a
+    scale per row (max|y| / 448) written to ``scale_out``."""
+
+    static_scale: bool = False
+
+
+@dataclass
+class RMSNormQuantArgs:
+    input: torch.Tensor
+    residual: torch.Tensor | None
+    weight: torch.Tensor | None
+    scale: torch.Tensor | None  # a float32 tensor of one element, with static_scale; else None
+    output: torch.Tensor  # float8_e4m3fn, the input's shape
+    residual_out: torch.Tensor | None  # None without a residual
+    scale_out: torch.Tensor | None  # float32, the rstd shape: a scale per row; None with static_scale
+
+
+class RMSNormQuantPlan(RMSNormFusedPlan):
+    """Writes ``rms_norm_quant``'s float8_e4m3fn y / scale (saturated to +-448) into
+    ``args.output``, h into ``args.residual_out`` (with a residual) and, without a static scale,
+    each row's scale into ``args.scale_out``."""
+
+    op = "rms_norm_quant"
+
+    @classmethod
+    def select(cls, desc: RMSNormQuantDescriptor, pref: PlanPreference = PlanPreference()) -> "RMSNormQuantPlan":
+        return cls(desc, pref, _select_problem(cls.op, desc))
+
+    def can_implement(self, args: RMSNormQuantArgs) -> None:
+        d = self.desc
+        self._check_forward(args)
+        self._check_optional("scale", args.scale, (1,), torch.float32 if d.static_scale else None)
+        self._check_tensor("output", args.output, d.input_shape, torch.float8_e4m3fn)
+        self._check_optional("scale_out", args.scale_out, d.rstd_shape, None if d.static_scale else torch.float32)
+
+    def run(self, args: RMSNormQuantArgs, workspace: Workspace | None = None) -> None:
+        self.can_implement(args)
+        d = self.desc
+        unused = torch.empty(0, dtype=d.dtype, device=self._device)
+        with plan_errors():
+            torch.ops.baracuda.rms_norm_quant.out(
+                args.input, args.residual, list(d.normalized_shape), args.weight, d.eps, d.weight_offset, d.casting,
+                args.scale, output=args.output,
+                residual_out=args.residual_out if args.residual_out is not None else unused,
+                scale_out=args.scale_out if args.scale_out is not None else unused.float())
 
 
 @dataclass(frozen=True)
