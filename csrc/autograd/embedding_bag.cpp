@@ -38,10 +38,6 @@ const c10::TypedOperatorHandle<PswBackwardSig>& psw_backward_op() {
   return op;
 }
 
-std::optional<at::Tensor> given(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
-
 class EmbeddingBagFunction : public torch::autograd::Function<EmbeddingBagFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,

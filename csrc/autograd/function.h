@@ -30,6 +30,11 @@ auto call_below_autograd(const c10::TypedOperatorHandle<Signature>& op, Args&&..
   return op.call(std::forward<Args>(args)...);
 }
 
+// A saved optional tensor (saved as undefined when absent) as the op's optional argument again.
+inline std::optional<at::Tensor> given(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
 // Whether a call needs the Function's node: grad mode on and an input that requires grad, or an
 // input carrying a forward-mode tangent (which the Function refuses with its message). Every
 // other call (no_grad, inputs without grad, the backward ops inside backward) runs the op below

@@ -32,10 +32,6 @@ const c10::TypedOperatorHandle<FusedBackwardSig>& backward_op() {
   return op;
 }
 
-std::optional<at::Tensor> given(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
-
 class RMSNormFusedFunction : public torch::autograd::Function<RMSNormFusedFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
