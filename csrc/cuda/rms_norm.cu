@@ -54,6 +54,7 @@
 #include "baracuda/cuda_utils.cuh"
 #include "baracuda/dispatch.h"
 #include "baracuda/rms_norm.h"
+#include "baracuda/rms_rows.cuh"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -306,115 +307,7 @@ std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw
 }
 
 // ---------------------------------------------------------------------------
-// Device helpers.
-
-template <typename AccT>
-__device__ __forceinline__ AccT rsqrt_acc(AccT v) {
-  if constexpr (std::is_same_v<AccT, float>) {
-    return rsqrtf(v);
-  } else {
-    return rsqrt(v);
-  }
-}
-
-// w[col .. col + V) as AccT, in 16-byte loads where the width allows.
-template <typename AccT, typename W, int V>
-__device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col, AccT (&out)[V]) {
-  if (w == nullptr) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) out[i] = AccT(1);
-    return;
-  }
-  constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
-#pragma unroll
-  for (int c = 0; c < V / kChunk; ++c) {
-    const auto v = cuda::load_vec<W, kChunk>(w + col + c * kChunk);
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) out[c * kChunk + i] = static_cast<AccT>(v.v[i]);
-  }
-}
-
-// out[0 .. V) = v as W, in 16-byte stores where the width allows (out aligned to
-// the store: 16 bytes, or sizeof(W) * V when that is less).
-template <typename W, int V, typename AccT>
-__device__ __forceinline__ void store_row_slice(W* __restrict__ out, const AccT (&v)[V]) {
-  constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
-#pragma unroll
-  for (int c = 0; c < V / kChunk; ++c) {
-    cuda::Vec<W, kChunk> chunk;
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) chunk.v[i] = static_cast<W>(v[c * kChunk + i]);
-    cuda::store_vec<W, kChunk>(out + c * kChunk, chunk);
-  }
-}
-
-// dW[col .. col + V) = v as W: vector stores where dW is 16-byte aligned, else one
-// element at a time (an out-variant's grad_weight may start anywhere).
-template <typename W, int V, typename AccT>
-__device__ __forceinline__ void store_dw_slice(W* __restrict__ dw, int64_t col, const AccT (&v)[V]) {
-  if (reinterpret_cast<uintptr_t>(dw) % 16 == 0) return store_row_slice<W, V>(dw + col, v);
-#pragma unroll
-  for (int i = 0; i < V; ++i) dw[col + i] = static_cast<W>(v[i]);
-}
-
-// Sum of x^2 over this thread's vectors (in order, element by element), in AccT.
-template <typename AccT, typename T, int V, int Vpt>
-__device__ __forceinline__ AccT sum_of_squares(const cuda::RawVec<T, V> (&xv)[Vpt]) {
-  AccT ss = 0;
-#pragma unroll
-  for (int j = 0; j < Vpt; ++j) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const AccT a = cuda::raw_elem<AccT, T, V>(xv[j], i);
-      ss += a * a;
-    }
-  }
-  return ss;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::this_cluster().sync();
-#else
-  __trap();  // clusters are only chosen on sm_90 and newer
-#endif
-}
-
-// Sum of v over the threads of one row, identical (bit for bit) in all of them:
-// the `group` lanes of a sub-warp (fixed xor butterfly), or the whole CTA
-// (cuda::block_sum), then the `cluster` CTAs of the row, whose sums are read
-// from distributed shared memory in rank order. `slots` alternates between two
-// entries from row to row (parity), so a CTA never overwrites a slot another CTA
-// may still be reading: that read precedes the next row's cluster barrier.
-// while_waiting() runs between arriving at that barrier and waiting there (work
-// that needs no sum); without a cluster, once the sum is known.
-template <typename AccT, typename Fn>
-__device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, cuda::BlockSumScratch<AccT>& scratch,
-                                        AccT* slots, int parity, Fn&& while_waiting) {
-  if (group <= 32 && cluster == 1) {  // sub-warp rows (a 32-thread CTA of a cluster goes on below)
-    for (int offset = group / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    while_waiting();
-    return v;
-  }
-  v = cuda::block_sum(v, scratch);
-  if (cluster == 1) {
-    while_waiting();
-    return v;
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::cluster_group cl = cg::this_cluster();
-  if (threadIdx.x == 0) slots[parity] = v;
-  cl.barrier_arrive();
-  while_waiting();
-  cl.barrier_wait();
-  AccT total = 0;
-  for (int r = 0; r < cluster; ++r) total += *cl.map_shared_rank(slots + parity, r);
-  return total;
-#else
-  __trap();
-  return v;
-#endif
-}
+// Device helpers (the row helpers shared with rms_norm_fused: baracuda/rms_rows.cuh).
 
 // Where this thread sits: its row within the CTA's rows, its index u among the
 // row's threads, and the first row group / stride of the grid-stride loop.

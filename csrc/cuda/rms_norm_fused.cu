@@ -1,14 +1,27 @@
 // rms_norm_fused family, CUDA kernels (the math: baracuda/rms_norm_fused.h).
 //
-// Forward (and rms_norm_quant): one CTA per row (a grid-stride loop over rows). Pass 1 reads x (and r),
-// writes h = R(x + r) and sums h^2 as stored; a fixed-order block reduction gives
-// rstd; pass 2 reads h back (each thread its own elements, just written) and
-// writes y. Floor: read x, r, w, write y, h, rstd.
-// Backward: CTA c owns a contiguous chunk of weight periods (H rows each). Per row,
-// pass 1 sums g * h (g = dy * wo), pass 2 writes dh to grad_input / grad_residual
-// and adds dy * x_hat into the CTA's own dW partial [H, N] in the workspace (each
-// element owned by one thread: no atomics). A second kernel sums the partials in
-// chunk order. Floor: read dy, dres, h, w, rstd, write dx (and dr), dW.
+// Rows in registers (forward, rms_norm_quant and backward), for rows of whole
+// 16-byte vectors of the input (N % V == 0, V = 16 / sizeof(T)) that fit: a row of
+// nv = N / V vectors is split over `group` threads (a power of two), thread u holding
+// vectors q = j * group + u (j < Vpt) as raw 32-bit words; group <= 32: a sub-warp,
+// 256 / group rows per CTA; else one row per CTA of `group` threads. Row sums: each
+// thread's elements in order, then a fixed xor butterfly or cuda::block_sum (row_sum),
+// the same bits in every thread of the row.
+//   Forward: h = R(x + r) is written once and kept (as stored) in registers, so x and
+//   r are read once; rstd = 1 / sqrt(mean(h^2) + eps), y = fused_output(h, rstd, w).
+//   rms_norm_quant: the same rows, then (dynamic scale) the row's max |y|, and q.
+//   Backward: dy and h in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
+//   k = rstd^3 * sum(g * h) / N. A thread's dW columns are the same for every row it
+//   visits: it sums dy * x_hat over its rows in registers; the CTA's sub-warps add
+//   theirs into the CTA's partial row in order, and dw_sum_kernel adds the CTAs'
+//   partials in order. H > 1 (a per-head weight) with dW takes the CTA-per-row kernel.
+//   Floors: forward reads x, r, writes y, h (+ rstd); backward reads dy, h (+ dres),
+//   writes dx (+ dr), plus ctas * N dW partials written and read once.
+// CTA per row (the general kernels: rows of any length and alignment, per-head dW):
+// pass 1 reads x (and r), writes h and sums h^2; pass 2 reads h back (each thread its
+// own elements) and writes y. Its backward: CTA c owns a contiguous chunk of weight
+// periods (H rows each) and a dW partial [H, N] in the workspace, read and written
+// on every row.
 // Every sum runs in a fixed order set by the shape and the SM count: bit-identical
 // reruns on the same device.
 #include <ATen/core/Tensor.h>
@@ -26,6 +39,7 @@
 #include "baracuda/checks.h"
 #include "baracuda/cuda_utils.cuh"
 #include "baracuda/rms_norm_fused.h"
+#include "baracuda/rms_rows.cuh"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -34,41 +48,88 @@ namespace {
 using cuda::ceil_div;
 
 constexpr int kMaxThreads = 1024;
-constexpr int kSumThreads = 256;  // the dW partials' ordered sum: one column per thread
+constexpr int kBwdMaxThreads = 512;  // backward rows: dy, h and the dW sums in up to 128 registers
+constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
+constexpr int kSumThreads = 256;     // the dW partials' ordered sum: one column per thread
 
 // ---------------------------------------------------------------------------
-// Choice of launch: a pure function of the problem and the SM count, used by the
-// launchers and by the Plan API (through the variant registry).
+// Choice of launch: a pure function of the problem (rows, the input's element size,
+// whether dW is summed), and the SM count, used by the launchers and by the Plan API
+// (through the variant registry).
 
 struct FusedChoice {
-  int threads;         // per CTA: a warp per 4 elements of a row, 32 to 1024
-  int64_t ctas;        // forward: rows in flight; backward: chunks of weight periods
-  int64_t workspace;   // backward: bytes of dW partials (ctas * H * N acc_t values)
+  int threads;        // per CTA
+  int group;          // rows in registers: threads per row; 0: the CTA-per-row kernel
+  int vpt;            // rows in registers: vectors a thread holds
+  int64_t ctas;       // forward: CTAs in flight; backward: dW partial rows
+  int64_t workspace;  // backward: bytes of dW partials
 };
 
-int fused_threads(int64_t N) {
+int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+int cta_threads(int64_t N) {  // CTA per row: a warp per 4 elements of a row, 32 to 1024
   const int64_t want = ceil_div<int64_t>(ceil_div<int64_t>(N, 4), 32) * 32;
   return static_cast<int>(std::clamp<int64_t>(want, 32, kMaxThreads));
 }
 
-FusedChoice choose_forward(const FusedRows& s) {
-  const int threads = fused_threads(s.N);
-  const int64_t resident = int64_t(cuda::num_sms()) * (2048 / threads);
-  return {threads, std::max<int64_t>(1, std::min(s.M, resident)), 0};
+// Rows in registers for rows of nv vectors: the fewest vectors per thread of `vpts`
+// (ascending) for which the row's threads fit in max_threads; group 0 when none does.
+std::pair<int, int> row_split(int64_t nv, std::initializer_list<int> vpts, int max_threads) {
+  for (const int vpt : vpts) {
+    const int group = pow2_ceil(ceil_div<int64_t>(nv, vpt));
+    if (group <= max_threads) return {group, vpt};
+  }
+  return {0, 0};
 }
 
-FusedChoice choose_backward(const FusedRows& s, int64_t acc_bytes, bool want_dw) {
-  const int threads = fused_threads(s.N);
-  const int64_t periods = s.H > 0 ? s.M / s.H : 0;
-  const int64_t resident = int64_t(cuda::num_sms()) * (2048 / threads);
-  const int64_t ctas = std::max<int64_t>(1, std::min(periods, resident));
-  return {threads, ctas, want_dw && periods > 0 ? ctas * s.H * s.N * acc_bytes : 0};
+int64_t resident_ctas(int threads) { return int64_t(cuda::num_sms()) * (2048 / threads); }
+
+// Forward: 4 vectors a thread, 8 for rows of more than 4096 vectors (the held h is
+// 16 or 32 registers: N up to 65536 of a 16-bit input).
+FusedChoice choose_forward(const FusedRows& s, int64_t elem) {
+  const int64_t V = 16 / elem;
+  const auto [group, vpt] = s.N % V == 0 ? row_split(s.N / V, {4, 8}, kMaxThreads) : std::pair<int, int>{0, 0};
+  if (group == 0) {
+    const int threads = cta_threads(s.N);
+    return {threads, 0, 0, std::max<int64_t>(1, std::min(s.M, resident_ctas(threads))), 0};
+  }
+  const int threads = group > 32 ? group : kRowsBlock;
+  const int64_t row_groups = ceil_div<int64_t>(s.M, threads / group);
+  return {threads, group, vpt, std::max<int64_t>(1, std::min(row_groups, resident_ctas(threads))), 0};
 }
 
-std::string forward_variant(const FusedChoice& c) { return "cta_rows<" + std::to_string(c.threads) + ">"; }
+// Backward: 2 vectors a thread, 4 for longer rows (dy and h of a 16-bit input with
+// float dW sums: 64 registers), up to 512 threads a row: N up to 16384 (16-bit),
+// 8192 (float32), 4096 (float64). A per-head weight with dW: the CTA-per-row kernel.
+FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes, bool want_dw) {
+  const int64_t V = 16 / elem;
+  const bool rows = s.N % V == 0 && (s.H == 1 || !want_dw);
+  const auto [group, vpt] = rows ? row_split(s.N / V, {2, 4}, kBwdMaxThreads) : std::pair<int, int>{0, 0};
+  if (group == 0) {
+    const int threads = cta_threads(s.N);
+    const int64_t periods = s.H > 0 ? s.M / s.H : 0;
+    const int64_t ctas = std::max<int64_t>(1, std::min(periods, resident_ctas(threads)));
+    return {threads, 0, 0, ctas, want_dw && periods > 0 ? ctas * s.H * s.N * acc_bytes : 0};
+  }
+  // Up to 64 to 128 registers a thread: half the forward's CTAs are resident, and as many
+  // dW partial rows.
+  const int threads = group > 32 ? group : kRowsBlock;
+  const int64_t row_groups = ceil_div<int64_t>(s.M, threads / group);
+  const int64_t ctas = std::max<int64_t>(1, std::min(row_groups, resident_ctas(threads) / 2));
+  return {threads, group, vpt, ctas, want_dw ? ctas * s.N * acc_bytes : 0};
+}
 
-std::string backward_variant(const FusedChoice& c) {
-  return "cta_rows<" + std::to_string(c.threads) + ">+chunks" + std::to_string(c.ctas) + "_ordered_dw";
+std::string forward_variant(const FusedChoice& c) {
+  if (c.group == 0) return "cta_rows<" + std::to_string(c.threads) + ">";
+  return "register_rows<" + std::to_string(c.group) + "x" + std::to_string(c.vpt) + ">";
+}
+
+std::string backward_variant(const FusedChoice& c, bool want_dw) {
+  return forward_variant(c) + (want_dw ? "+ordered_dw_sum<" + std::to_string(c.ctas) + " partials>" : "");
 }
 
 // ---------------------------------------------------------------------------
@@ -111,6 +172,259 @@ __device__ __forceinline__ AccT block_max(AccT v, cuda::BlockSumScratch<AccT>& s
   for (int k = 0; k < num_warps; ++k) v = fp8_amax(v, scratch.warp[k]);
   __syncthreads();
   return v;
+}
+
+// Rows in registers: this thread's row within the CTA (g), its index among the row's
+// threads (u), and the grid-stride loop's first row and stride.
+struct RowSlot {
+  int g;
+  int u;
+  int64_t first;
+  int64_t step;
+
+  __device__ explicit RowSlot(int group) {
+    const int rows_per_cta = blockDim.x / group;
+    g = threadIdx.x / group;
+    u = threadIdx.x % group;
+    first = int64_t(blockIdx.x) * rows_per_cta;
+    step = int64_t(gridDim.x) * rows_per_cta;
+  }
+};
+
+// Sum over the threads of one row (row_sum without a cluster), the same bits in each.
+template <typename AccT>
+__device__ __forceinline__ AccT sum_in_row(AccT v, int group, cuda::BlockSumScratch<AccT>& scratch) {
+  return row_sum(v, group, 1, scratch, static_cast<AccT*>(nullptr), 0, [] {});
+}
+
+// Max over the threads of one row (sub-warp butterfly, or block_max); the order does not matter.
+template <typename AccT>
+__device__ __forceinline__ AccT row_max(AccT v, int group, cuda::BlockSumScratch<AccT>& scratch) {
+  if (group > 32) return block_max(v, scratch);
+  for (int offset = group / 2; offset > 0; offset >>= 1) v = fp8_amax(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// wo = w[col .. col + V) + offset as AccT (1 without a weight).
+template <typename AccT, typename W, int V>
+__device__ __forceinline__ void load_weight_offset(const W* __restrict__ w, int64_t col, AccT offset, AccT (&wo)[V]) {
+  load_weight<AccT, W, V>(w, col, wo);
+  if (w != nullptr) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) wo[i] += offset;
+  }
+}
+
+// v[0 .. V) as R (exact: the values are R's already), held as raw words.
+template <typename R, int V, typename AccT>
+__device__ __forceinline__ cuda::RawVec<R, V> raw_of(const AccT (&v)[V]) {
+  cuda::Vec<R, V> e;
+#pragma unroll
+  for (int i = 0; i < V; ++i) e.v[i] = static_cast<R>(v[i]);
+  cuda::RawVec<R, V> raw;
+  memcpy(&raw, &e, sizeof(raw));
+  return raw;
+}
+
+// The forward's pointers (rms_norm_fused: y and rstd; rms_norm_quant: q and a static scale or row_scale).
+template <typename T, typename R, typename W, typename OutT, typename AccT>
+struct FusedForwardArgs {
+  const T* x;
+  const R* res;  // nullptr: no residual (then R == T and h = x)
+  const W* w;    // nullptr: no weight
+  R* h_out;      // with a residual
+  OutT* y;
+  AccT* rstd;
+  c10::Float8_e4m3fn* q;
+  const float* static_scale;  // nullptr: a scale per row, written to row_scale
+  float* row_scale;
+  FusedRows s;
+  AccT eps;
+  AccT offset;
+  bool llama;
+};
+
+// Forward (kQuant: rms_norm_quant) of rows in registers; see the top of the file.
+template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
+__global__ void __launch_bounds__(kMaxThreads)
+    fused_rows_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  const RowSlot L(group);
+  const int64_t N = a.s.N;
+  const int nv = static_cast<int>(N / V);
+  for (int64_t first = L.first; first < a.s.M; first += L.step) {
+    const int64_t row = first + L.g;
+    const bool live = row < a.s.M;
+    cuda::RawVec<R, V> hv[Vpt] = {};
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * group + L.u;
+      if (!live || q >= nv) continue;
+      const int64_t at = row * N + int64_t(q) * V;
+      const auto xv = cuda::load_raw<T, V>(a.x + at);
+      if (a.res == nullptr) {
+        if constexpr (std::is_same_v<R, T>) hv[j] = xv;
+      } else {
+        const auto rv = load_row_raw<R, V>(a.res + at);
+        AccT h[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          h[i] = static_cast<AccT>(static_cast<R>(cuda::raw_elem<AccT, T, V>(xv, i) +
+                                                  cuda::raw_elem<AccT, R, V>(rv, i)));
+        }
+        store_row_slice<R, V>(a.h_out + at, h);
+        hv[j] = raw_of<R, V>(h);
+      }
+    }
+    const AccT ss = sum_in_row(sum_of_squares<AccT, R, V>(hv), group, scratch);
+    const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
+    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
+    // y for vector j (element i) of this thread, as OutT rounds it.
+    const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
+      return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
+    };
+    if constexpr (!kQuant) {
+      if (live && L.u == 0) a.rstd[row] = r;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + L.u;
+        if (!live || q >= nv) continue;
+        AccT wo[V], y[V];
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) y[i] = static_cast<AccT>(y_at(j, wo, i));
+        store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
+      }
+    } else {
+      float scale;
+      if (a.static_scale != nullptr) {
+        scale = *a.static_scale;
+      } else {
+        AccT amax = 0;
+#pragma unroll
+        for (int j = 0; j < Vpt; ++j) {
+          const int q = j * group + L.u;
+          if (!live || q >= nv) continue;
+          AccT wo[V];
+          load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
+#pragma unroll
+          for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
+        }
+        scale = fp8_row_scale(row_max(amax, group, scratch));
+        if (live && L.u == 0) a.row_scale[row] = scale;
+      }
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + L.u;
+        if (!live || q >= nv) continue;
+        AccT wo[V];
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
+        cuda::Vec<c10::Float8_e4m3fn, V> out;
+#pragma unroll
+        for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
+        cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
+      }
+    }
+  }
+}
+
+// Backward of rows in registers; see the top of the file. dw_partials: gridDim.x rows of N
+// (nullptr: no dW; then the weight may be per head).
+template <typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
+__global__ void __launch_bounds__(kBwdMaxThreads)
+    fused_rows_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
+                               const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
+                               R* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int group,
+                               AccT offset, bool llama) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  const RowSlot L(group);
+  const int64_t N = s.N;
+  const int nv = static_cast<int>(N / V);
+  const bool want_d = dx != nullptr || dr != nullptr;
+  AccT dw[Vpt][V] = {};
+  for (int64_t first = L.first; first < s.M; first += L.step) {
+    const int64_t row = first + L.g;
+    const bool live = row < s.M;
+    cuda::RawVec<OutT, V> dyv[Vpt] = {};
+    cuda::RawVec<R, V> hv[Vpt] = {};
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * group + L.u;
+      if (!live || q >= nv) continue;
+      const int64_t at = row * N + int64_t(q) * V;
+      dyv[j] = load_row_raw<OutT, V>(dy + at);
+      hv[j] = load_row_raw<R, V>(h + at);
+    }
+    const AccT r = live ? rstd[row] : AccT(0);
+    const W* wr = w != nullptr ? w + (live ? row % s.H : 0) * N : nullptr;
+    if (want_d) {
+      AccT sg = 0;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + L.u;
+        if (!live || q >= nv) continue;
+        AccT wo[V];
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          sg += cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i] * cuda::raw_elem<AccT, R, V>(hv[j], i);
+        }
+      }
+      const AccT k = r * r * r * sum_in_row(sg, group, scratch) / static_cast<AccT>(N);
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + L.u;
+        if (!live || q >= nv) continue;
+        const int64_t at = row * N + int64_t(q) * V;
+        AccT wo[V], d[V];
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          d[i] = r * (cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i]) - cuda::raw_elem<AccT, R, V>(hv[j], i) * k;
+        }
+        if (dres != nullptr) {
+          const auto gv = load_row_raw<R, V>(dres + at);
+#pragma unroll
+          for (int i = 0; i < V; ++i) d[i] += cuda::raw_elem<AccT, R, V>(gv, i);
+        }
+        if (dx != nullptr) store_row_slice<T, V>(dx + at, d);
+        if (dr != nullptr) store_row_slice<R, V>(dr + at, d);
+      }
+    }
+    if (dw_partials != nullptr && live) {
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {  // zero beyond the row: dyv[j] stays zero there
+          dw[j][i] += cuda::raw_elem<AccT, OutT, V>(dyv[j], i) *
+                      fused_xhat<T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, llama);
+        }
+      }
+    }
+  }
+  if (dw_partials == nullptr) return;
+  // The CTA's partial row: its rows' sub-warps add their sums in order g = 0, 1, ...
+  AccT* part = dw_partials + int64_t(blockIdx.x) * N;
+  const int rows_per_cta = blockDim.x / group;
+  for (int g = 0; g < rows_per_cta; ++g) {
+    if (L.g == g) {
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + L.u;
+        if (q >= nv) continue;
+        AccT* to = part + int64_t(q) * V;
+        if (g > 0) {
+          const auto before = load_row_raw<AccT, V>(to);
+#pragma unroll
+          for (int i = 0; i < V; ++i) dw[j][i] = cuda::raw_elem<AccT, AccT, V>(before, i) + dw[j][i];
+        }
+        store_row_slice<AccT, V>(to, dw[j]);
+      }
+    }
+    if (rows_per_cta > 1) __syncthreads();
+  }
 }
 
 template <typename T, typename R, typename W, typename OutT, typename AccT>
@@ -224,35 +538,67 @@ __global__ void __launch_bounds__(kSumThreads)
 // ---------------------------------------------------------------------------
 // Glue.
 
+template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT>
+void launch_rows_forward(const FusedChoice& c, const FusedForwardArgs<T, R, W, OutT, AccT>& a, cudaStream_t stream) {
+  if (c.vpt == 4) {
+    fused_rows_forward_kernel<kQuant, T, R, W, OutT, AccT, 4><<<c.ctas, c.threads, 0, stream>>>(a, c.group);
+  } else {
+    fused_rows_forward_kernel<kQuant, T, R, W, OutT, AccT, 8><<<c.ctas, c.threads, 0, stream>>>(a, c.group);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The forward's tensors as the kernels read them: contiguous and 16-byte aligned (a view with an
+// offset is copied once), so that the kernel choice depends on the problem alone.
+struct FusedForwardInputs {
+  at::Tensor x, r, w;
+
+  FusedForwardInputs(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                     const std::optional<at::Tensor>& weight)
+      : x(cuda::aligned_contiguous(input)),
+        r(has_tensor(residual) ? cuda::aligned_contiguous(*residual) : at::Tensor()),
+        w(has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor()) {}
+};
+
 void rms_norm_fused_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& residual,
                              at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps, double weight_offset, c10::string_view casting_name,
                              const at::Tensor& output, const at::Tensor& residual_out, const at::Tensor& rstd) {
-  const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  const auto rows = check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
+  const char* op = kRmsNormFusedOp;
+  const Casting casting = parse_casting(op, casting_name);
+  const auto rows = check_rms_norm_fused(op, input, residual, normalized_shape, weight, weight_offset);
   check_fused_forward_outputs(input, residual, normalized_shape, weight, casting, output, residual_out, rstd);
+  cuda::check_out_aligned(op, "output", output);
+  if (has_tensor(residual)) cuda::check_out_aligned(op, "residual_out", residual_out);
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
-  const auto x = input.contiguous();
-  const auto r = has_tensor(residual) ? residual->contiguous() : at::Tensor();
-  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
+  const FusedForwardInputs in(input, residual, weight);
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
-  const FusedChoice c = choose_forward(rows);
+  const FusedChoice c = choose_forward(rows, input.element_size());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_fused_types(input.scalar_type(), r.defined() && r.scalar_type() != input.scalar_type(),
-                       w.defined() && w.scalar_type() != input.scalar_type(),
+  dispatch_fused_types(input.scalar_type(), in.r.defined() && in.r.scalar_type() != input.scalar_type(),
+                       in.w.defined() && in.w.scalar_type() != input.scalar_type(),
                        output.scalar_type() != input.scalar_type(), [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
     using T = decltype(t);
     using R = decltype(r_tag);
     using W = decltype(w_tag);
     using OutT = decltype(o_tag);
     using AccT = at::opmath_type<T>;
-    fused_forward_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(
-        x.const_data_ptr<T>(), r.defined() ? r.const_data_ptr<R>() : nullptr,
-        w.defined() ? w.const_data_ptr<W>() : nullptr, output.mutable_data_ptr<OutT>(),
-        r.defined() ? residual_out.mutable_data_ptr<R>() : nullptr, rstd.mutable_data_ptr<AccT>(), rows,
-        static_cast<AccT>(e), static_cast<AccT>(weight_offset), casting == Casting::kLlama);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const T* x = in.x.const_data_ptr<T>();
+    const R* r = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
+    const W* w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
+    R* h_out = r != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
+    const auto e_acc = static_cast<AccT>(e), offset = static_cast<AccT>(weight_offset);
+    const bool llama = casting == Casting::kLlama;
+    if (c.group == 0) {
+      fused_forward_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(
+          x, r, w, output.mutable_data_ptr<OutT>(), h_out, rstd.mutable_data_ptr<AccT>(), rows, e_acc, offset, llama);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      launch_rows_forward<false>(c, FusedForwardArgs<T, R, W, OutT, AccT>{
+          x, r, w, h_out, output.mutable_data_ptr<OutT>(), rstd.mutable_data_ptr<AccT>(), nullptr, nullptr, nullptr,
+          rows, e_acc, offset, llama}, stream);
+    }
   });
 }
 
@@ -278,35 +624,45 @@ void rms_norm_quant_out_cuda(const at::Tensor& input, const std::optional<at::Te
                              std::optional<double> eps, double weight_offset, c10::string_view casting_name,
                              const std::optional<at::Tensor>& scale, const at::Tensor& output,
                              const at::Tensor& residual_out, const at::Tensor& scale_out) {
-  const Casting casting = parse_casting(kRmsNormQuantOp, casting_name);
-  const auto rows = check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
-  if (has_tensor(scale)) check_fp8_scale(kRmsNormQuantOp, input, *scale);
+  const char* op = kRmsNormQuantOp;
+  const Casting casting = parse_casting(op, casting_name);
+  const auto rows = check_rms_norm_fused(op, input, residual, normalized_shape, weight, weight_offset);
+  if (has_tensor(scale)) check_fp8_scale(op, input, *scale);
   check_quant_outputs(input, residual, normalized_shape, !has_tensor(scale), output, residual_out, scale_out);
+  cuda::check_out_aligned(op, "output", output);
+  if (has_tensor(residual)) cuda::check_out_aligned(op, "residual_out", residual_out);
   if (rows.M == 0) return;
   const c10::cuda::CUDAGuard guard(input.device());
-  const auto x = input.contiguous();
-  const auto r = has_tensor(residual) ? residual->contiguous() : at::Tensor();
-  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
+  const FusedForwardInputs in(input, residual, weight);
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
   const auto out_dtype = fused_output_dtype(input.scalar_type(), weight, casting);
-  const FusedChoice c = choose_forward(rows);
+  const FusedChoice c = choose_forward(rows, input.element_size());
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_fused_types(input.scalar_type(), r.defined() && r.scalar_type() != input.scalar_type(),
-                       w.defined() && w.scalar_type() != input.scalar_type(), out_dtype != input.scalar_type(),
+  dispatch_fused_types(input.scalar_type(), in.r.defined() && in.r.scalar_type() != input.scalar_type(),
+                       in.w.defined() && in.w.scalar_type() != input.scalar_type(), out_dtype != input.scalar_type(),
                        [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
     using T = decltype(t);
     using R = decltype(r_tag);
     using W = decltype(w_tag);
     using OutT = decltype(o_tag);
     using AccT = at::opmath_type<T>;
-    quant_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(
-        x.const_data_ptr<T>(), r.defined() ? r.const_data_ptr<R>() : nullptr,
-        w.defined() ? w.const_data_ptr<W>() : nullptr, output.mutable_data_ptr<c10::Float8_e4m3fn>(),
-        r.defined() ? residual_out.mutable_data_ptr<R>() : nullptr,
-        has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr,
-        has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>(), rows, static_cast<AccT>(e),
-        static_cast<AccT>(weight_offset), casting == Casting::kLlama);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const T* x = in.x.const_data_ptr<T>();
+    const R* r = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
+    const W* w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
+    R* h_out = r != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
+    auto* q = output.mutable_data_ptr<c10::Float8_e4m3fn>();
+    const float* static_scale = has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr;
+    float* row_scale = has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>();
+    const auto e_acc = static_cast<AccT>(e), offset = static_cast<AccT>(weight_offset);
+    const bool llama = casting == Casting::kLlama;
+    if (c.group == 0) {
+      quant_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(x, r, w, q, h_out, static_scale, row_scale,
+                                                                          rows, e_acc, offset, llama);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      launch_rows_forward<true>(c, FusedForwardArgs<T, R, W, OutT, AccT>{
+          x, r, w, h_out, nullptr, nullptr, q, static_scale, row_scale, rows, e_acc, offset, llama}, stream);
+    }
   });
 }
 
@@ -349,16 +705,15 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
     if (want_dw) grad_weight.zero_();
     return;
   }
-  const FusedChoice c = choose_backward(rows, acc_bytes_of(input_dtype), want_dw);
+  const FusedChoice c = choose_backward(rows, c10::elementSize(input_dtype), acc_bytes_of(input_dtype), want_dw);
   check_workspace(op, workspace, c.workspace, 16, h.device());
-  const auto dy = grad_out.contiguous();
-  const auto dres = has_tensor(grad_residual_out) ? grad_residual_out->contiguous() : at::Tensor();
-  const auto hc = h.contiguous();
+  if (want_dx) cuda::check_out_aligned(op, "grad_input", grad_input);
+  if (want_dr) cuda::check_out_aligned(op, "grad_residual", grad_residual);
+  const auto dy = cuda::aligned_contiguous(grad_out);
+  const auto dres = has_tensor(grad_residual_out) ? cuda::aligned_contiguous(*grad_residual_out) : at::Tensor();
+  const auto hc = cuda::aligned_contiguous(h);
   const auto r = rstd.contiguous();
-  const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
-  const int64_t periods = rows.M / rows.H;
-  const int64_t per_cta = ceil_div<int64_t>(periods, c.ctas);
-  const int64_t ctas = ceil_div<int64_t>(periods, per_cta);
+  const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
   const auto stream = c10::cuda::getCurrentCUDAStream();
   dispatch_fused_types(input_dtype, h.scalar_type() != input_dtype, w.defined() && w.scalar_type() != input_dtype,
                        grad_out.scalar_type() != input_dtype, [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
@@ -367,17 +722,35 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
     using W = decltype(w_tag);
     using OutT = decltype(o_tag);
     using AccT = at::opmath_type<T>;
+    const OutT* dy_p = dy.const_data_ptr<OutT>();
+    const R* dres_p = dres.defined() ? dres.const_data_ptr<R>() : nullptr;
+    const R* h_p = hc.const_data_ptr<R>();
+    const AccT* rstd_p = r.const_data_ptr<AccT>();
+    const W* w_p = w.defined() ? w.const_data_ptr<W>() : nullptr;
+    T* dx = want_dx ? grad_input.mutable_data_ptr<T>() : nullptr;
+    R* dr = want_dr ? grad_residual.mutable_data_ptr<R>() : nullptr;
     AccT* partials = want_dw ? static_cast<AccT*>(workspace.mutable_data_ptr()) : nullptr;
-    fused_backward_kernel<T, R, W, OutT, AccT><<<ctas, c.threads, 0, stream>>>(
-        dy.const_data_ptr<OutT>(), dres.defined() ? dres.const_data_ptr<R>() : nullptr, hc.const_data_ptr<R>(),
-        r.const_data_ptr<AccT>(), w.defined() ? w.const_data_ptr<W>() : nullptr,
-        want_dx ? grad_input.mutable_data_ptr<T>() : nullptr, want_dr ? grad_residual.mutable_data_ptr<R>() : nullptr,
-        partials, rows, per_cta, static_cast<AccT>(weight_offset), casting == Casting::kLlama);
+    const auto offset = static_cast<AccT>(weight_offset);
+    const bool llama = casting == Casting::kLlama;
+    int64_t partial_rows = c.ctas;
+    if (c.group == 0) {
+      const int64_t periods = rows.M / rows.H;
+      const int64_t per_cta = ceil_div<int64_t>(periods, c.ctas);
+      partial_rows = ceil_div<int64_t>(periods, per_cta);
+      fused_backward_kernel<T, R, W, OutT, AccT><<<partial_rows, c.threads, 0, stream>>>(
+          dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, per_cta, offset, llama);
+    } else if (c.vpt == 2) {
+      fused_rows_backward_kernel<T, R, W, OutT, AccT, 2><<<c.ctas, c.threads, 0, stream>>>(
+          dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group, offset, llama);
+    } else {
+      fused_rows_backward_kernel<T, R, W, OutT, AccT, 4><<<c.ctas, c.threads, 0, stream>>>(
+          dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group, offset, llama);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (want_dw) {
       const int64_t cols = rows.H * rows.N;
       dw_sum_kernel<W, AccT><<<ceil_div<int64_t>(cols, kSumThreads), kSumThreads, 0, stream>>>(
-          partials, grad_weight.mutable_data_ptr<W>(), ctas, cols);
+          partials, grad_weight.mutable_data_ptr<W>(), partial_rows, cols);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -397,7 +770,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cuda(
   const bool want_dw = output_mask[2] && has_tensor(weight);
   if (want_dw) grad_weight = at::empty(weight->sizes(), weight->options());
   const auto none = at::empty({0}, h.options());
-  const int64_t need = rows.M > 0 ? choose_backward(rows, acc_bytes_of(input_dtype), want_dw).workspace : 0;
+  const int64_t need =
+      rows.M > 0 ? choose_backward(rows, c10::elementSize(input_dtype), acc_bytes_of(input_dtype), want_dw).workspace
+                 : 0;
   rms_norm_fused_backward_out_cuda(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
                                    casting_name, input_dtype, output_mask, grad_input.defined() ? grad_input : none,
                                    grad_residual.defined() ? grad_residual : none,
@@ -407,13 +782,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cuda(
 }
 
 // problem = [M, N, H] (forward), [M, N, H, grad_weight's element size or 0: no dW] (backward)
-KernelChoice rms_norm_fused_choice(c10::IntArrayRef p, c10::ScalarType) {
-  return {forward_variant(choose_forward({p[0], p[1], p[2]})), 0};
+KernelChoice rms_norm_fused_choice(c10::IntArrayRef p, c10::ScalarType dtype) {
+  return {forward_variant(choose_forward({p[0], p[1], p[2]}, c10::elementSize(dtype))), 0};
 }
 
 KernelChoice rms_norm_fused_backward_choice(c10::IntArrayRef p, c10::ScalarType dtype) {
-  const FusedChoice c = choose_backward({p[0], p[1], p[2]}, acc_bytes_of(dtype), p[3] > 0);
-  return {backward_variant(c), p[0] > 0 && p[1] > 0 ? c.workspace : 0};
+  const bool want_dw = p[3] > 0;
+  const FusedChoice c = choose_backward({p[0], p[1], p[2]}, c10::elementSize(dtype), acc_bytes_of(dtype), want_dw);
+  return {backward_variant(c, want_dw), p[0] > 0 && p[1] > 0 ? c.workspace : 0};
 }
 
 BARACUDA_REGISTER_VARIANT("rms_norm_fused", c10::DeviceType::CUDA, rms_norm_fused_choice);
