@@ -2,6 +2,11 @@
 (random weights, nothing downloaded): patched logits and gradients equal the unpatched
 model's, state_dict unchanged, torch.compile fullgraph, unknown models left unchanged."""
 
+import pathlib
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import transformers
@@ -192,3 +197,15 @@ def test_patch_transformers_before_the_model_is_built():
         assert hf.patch_transformers(models=["llama", "gpt2"]) == {}
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     assert LlamaRMSNorm.forward.__module__ == "transformers.models.llama.modeling_llama"
+
+
+def test_hf_train_smoke():
+    # tools/hf_train.py --smoke: a tiny Llama trained 3 steps on the CPU as it is and patched by us, each in its
+    # own process; the patched model's losses equal HF's and the patch reports what it replaced
+    tool = pathlib.Path(__file__).resolve().parent.parent / "tools" / "hf_train.py"
+    run = subprocess.run([sys.executable, str(tool), "--smoke", "--ways", "hf,baracuda"], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "baracuda: 5 norm modules and 2 decoder layers (fused residual add + norm) patched" in run.stdout
+    diff = re.search(r"baracuda vs hf: max \|loss difference\| (\S+),", run.stdout)
+    assert diff is not None and float(diff.group(1)) < 1e-5, run.stdout

@@ -1,6 +1,9 @@
-"""A Hugging Face Llama trained a few steps three ways: as it is, patched by Liger-Kernel,
-patched by baracuda_ops (baracuda_ops.integrations.transformers.apply: its norms and each decoder
-layer's residual add + norm fused; ``baracuda_norms``, a fourth way, patches the norms only).
+"""A Hugging Face Llama trained a few steps several ways: as it is (``hf``), patched by Liger-Kernel
+(``liger``: its RMSNorm, RoPE, SwiGLU and fused linear cross-entropy), patched by baracuda_ops
+(``baracuda``: baracuda_ops.integrations.transformers.apply, its norms and each decoder layer's
+residual add + norm fused; ``baracuda_norms`` patches the norms only), Liger's RMSNorm alone
+(``liger_norms``: the like-for-like peer of ``baracuda``), and Liger's other kernels with our norms
+(``liger+baracuda``: Liger with rms_norm=False, then ours).
 
 Every way starts from the same weights and sees the same random tokens; each prints
 tokens/s (steps after the warm-up), peak memory and its loss per step, then the largest
@@ -13,11 +16,15 @@ On a machine without a package index, wheels fetched elsewhere (``pip download -
 liger-kernel``) install with ``pip install --no-index --find-links .whl_hf transformers liger-kernel``.
 
     python tools/hf_train.py [--steps 50] [--batch 4] [--seq 2048] [--ways hf,liger,baracuda] [--smoke]
+                             (ways: hf, liger, liger_norms, baracuda, baracuda_norms, liger+baracuda)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -37,21 +44,26 @@ def _config(smoke: bool) -> transformers.LlamaConfig:
 
 def _patch(way: str, model: torch.nn.Module) -> bool:
     """Patches ``model`` the given way; False when that way is not available here."""
-    if way in ("baracuda", "baracuda_norms"):
-        replaced = baracuda_hf.apply(model, fused_add_rms_norm=way == "baracuda")
+    if way.startswith("liger"):
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+        except ImportError:
+            print(f"  {way}: liger_kernel is not installed, skipped")
+            return False
+        if way == "liger_norms":
+            apply_liger_kernel_to_llama(rope=False, swiglu=False, cross_entropy=False,
+                                        fused_linear_cross_entropy=False, rms_norm=True, model=model)
+        else:
+            apply_liger_kernel_to_llama(rms_norm=way == "liger", model=model)
+        if way == "liger":
+            return True
+    if way in ("baracuda", "baracuda_norms", "liger+baracuda"):
+        replaced = baracuda_hf.apply(model, fused_add_rms_norm=way != "baracuda_norms")
         layers = sum(name == baracuda_hf.LAYERS["llama"][0] for name in replaced.values())
         print(f"  {way}: {len(replaced) - layers} norm modules and {layers} decoder layers (fused residual add + "
               "norm) patched")
         return bool(replaced)
-    if way == "liger":
-        try:
-            from liger_kernel.transformers import apply_liger_kernel_to_llama
-        except ImportError:
-            print("  liger: liger_kernel is not installed, skipped")
-            return False
-        apply_liger_kernel_to_llama(model=model)
-        return True
-    return way == "hf"
+    return way in ("hf", "liger_norms")
 
 
 def _run(way: str, config, state: dict, batches: list[torch.Tensor], device, dtype, warmup: int):
@@ -85,6 +97,19 @@ def _run(way: str, config, state: dict, batches: list[torch.Tensor], device, dty
     return {"losses": [float(x) for x in losses], "tokens_per_s": tokens / seconds, "peak_gib": peak}
 
 
+def _setup(args):
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    config = _config(args.smoke)
+    torch.manual_seed(0)
+    with torch.device(device):
+        state = transformers.LlamaForCausalLM(config).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator).to(device)
+               for _ in range(args.steps)]
+    return device, dtype, config, state, batches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
@@ -92,26 +117,36 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--ways", default="hf,liger,baracuda")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 3 steps")
+    parser.add_argument("--one-way", help=argparse.SUPPRESS)  # internal: run this way, print its result as JSON
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.batch, args.seq = 3, 2, 32
-    device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
     warmup = 1 if args.smoke else 5
-    config = _config(args.smoke)
-    torch.manual_seed(0)
-    state = transformers.LlamaForCausalLM(config).state_dict()
+    if args.one_way:
+        device, dtype, config, state, batches = _setup(args)
+        print(json.dumps(_run(args.one_way, config, state, batches, device, dtype, warmup)))
+        return
+    device, dtype, config, state, _ = _setup(args)
     params = sum(v.numel() for v in state.values())
-    generator = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator).to(device)
-               for _ in range(args.steps)]
+    del state
     print(f"Llama {params / 1e9:.2f}B parameters, {dtype}, batch {args.batch} x {args.seq}, {args.steps} steps "
           f"on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}")
+    # Each way in a process of its own: Liger patches transformers' modules (RoPE, the MLP class), which would
+    # carry over into the ways after it.
     results = {}
     for way in args.ways.split(","):
         print(f"{way}:")
-        result = _run(way, config, state, batches, device, dtype, warmup)
+        argv = [sys.executable, __file__, "--one-way", way, "--steps", str(args.steps), "--batch", str(args.batch),
+                "--seq", str(args.seq)] + (["--smoke"] if args.smoke else [])
+        child = subprocess.run(argv, capture_output=True, text=True)
+        if child.returncode != 0:
+            print(child.stdout + child.stderr)
+            raise SystemExit(f"{way}: the run failed")
+        lines = child.stdout.strip().splitlines()
+        for line in lines[:-1]:
+            print(line)
+        result = json.loads(lines[-1])
         if result is not None:
             results[way] = result
             print(f"  {result['tokens_per_s']:.0f} tokens/s, peak {result['peak_gib']:.2f} GiB, losses "
