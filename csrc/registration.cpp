@@ -10,9 +10,11 @@
 #include <array>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "baracuda/cpu_utils.h"
 #include "baracuda/errors.h"
+#include "baracuda/launch_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -71,12 +73,41 @@ std::tuple<std::string, int64_t> kernel_choice(c10::string_view op, c10::Device 
   return {choice.variant, choice.workspace_bytes};
 }
 
+// The CUDA launch config that `op`'s policy returns for `problem` with the
+// recorded facts of `facts` ("h100" or "h200"), on any build: (kind, parameter
+// names, parameter values, workspace bytes).
+std::tuple<std::string, std::vector<std::string>, std::vector<int64_t>, int64_t> launch_config(
+    c10::string_view op, c10::IntArrayRef problem, c10::ScalarType dtype, c10::string_view facts) {
+  const auto& policies = launch_policies();
+  const auto it = policies.find(std::string(op));
+  BARACUDA_CHECK_NOT_IMPLEMENTED(it != policies.end(), "baracuda::_launch_config: no CUDA launch policy for ", op);
+  BARACUDA_CHECK_VALUE(facts == "h100" || facts == "h200", "baracuda::_launch_config: facts must be \"h100\" or "
+                       "\"h200\", got \"", facts, "\"");
+  const LaunchConfigView view = it->second(problem, dtype, facts == "h100" ? kH100Facts : kH200Facts);
+  std::vector<std::string> names;
+  std::vector<int64_t> values;
+  for (const auto& [name, value] : view.params) {
+    names.push_back(name);
+    values.push_back(value);
+  }
+  return {view.kind, names, values, view.workspace_bytes};
+}
+
+// Every family's launch policy, by op name (baracuda/<family>_policy.h).
+void register_launch_policies() {
+  auto& policies = launch_policies();
+  (void)policies;  // families add: policies["op"] = &op_launch_view;
+}
+
 }  // namespace
 }  // namespace baracuda
 
 TORCH_LIBRARY(baracuda, m) {
   m.def("_kernel_choice(str op, Device device, int[] problem, ScalarType dtype) -> (str, int)",
         &baracuda::kernel_choice);
+  baracuda::register_launch_policies();
+  m.def("_launch_config(str op, int[] problem, ScalarType dtype, str facts) -> (str, str[], int[], int)",
+        &baracuda::launch_config);
 
   // repeat
   m.def("repeat(Tensor self, SymInt[] repeats) -> Tensor");
