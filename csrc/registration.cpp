@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "baracuda/alibi_policy.h"
 #include "baracuda/cpu_utils.h"
 #include "baracuda/errors.h"
 #include "baracuda/launch_policy.h"
@@ -97,6 +98,8 @@ std::tuple<std::string, std::vector<std::string>, std::vector<int64_t>, int64_t>
 void register_launch_policies() {
   auto& policies = launch_policies();
   (void)policies;  // families add: policies["op"] = &op_launch_view;
+  policies["alibi"] = &alibi_launch_view;
+  policies["alibi_backward"] = &alibi_backward_launch_view;
 }
 
 }  // namespace
