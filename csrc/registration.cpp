@@ -16,6 +16,7 @@
 #include "baracuda/cpu_utils.h"
 #include "baracuda/errors.h"
 #include "baracuda/launch_policy.h"
+#include "baracuda/repeat_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -100,6 +101,8 @@ void register_launch_policies() {
   (void)policies;  // families add: policies["op"] = &op_launch_view;
   policies["alibi"] = &alibi_launch_view;
   policies["alibi_backward"] = &alibi_backward_launch_view;
+  policies["repeat"] = &repeat_launch_view;
+  policies["repeat_backward"] = &repeat_backward_launch_view;
 }
 
 }  // namespace
