@@ -14,6 +14,7 @@
 
 #include "baracuda/alibi_policy.h"
 #include "baracuda/cpu_utils.h"
+#include "baracuda/embedding_bag_policy.h"
 #include "baracuda/errors.h"
 #include "baracuda/launch_policy.h"
 #include "baracuda/repeat_policy.h"
@@ -103,6 +104,9 @@ void register_launch_policies() {
   policies["alibi_backward"] = &alibi_backward_launch_view;
   policies["repeat"] = &repeat_launch_view;
   policies["repeat_backward"] = &repeat_backward_launch_view;
+  policies["embedding_bag"] = &embedding_bag_launch_view;
+  policies["embedding_bag_backward"] = &embedding_bag_backward_launch_view;
+  policies["embedding_bag_per_sample_weights_backward"] = &embedding_bag_psw_backward_launch_view;
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "baracuda/dispatch.h"
 #include "baracuda/embedding_bag.h"
 #include "baracuda/embedding_bag_options.h"
+#include "baracuda/embedding_bag_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -34,71 +35,17 @@ namespace {
 
 using cuda::ceil_div;
 
-constexpr int kThreads = 256;
+// The choice of kernel and its launch shape: embedding_bag_forward_config,
+// embedding_bag_backward_config and embedding_bag_psw_backward_config
+// (baracuda/embedding_bag_policy.h), with the device's facts.
+constexpr int kThreads = kBagThreads;
 constexpr int kUnroll = 8;          // forward: bag entries whose loads are in flight together
-constexpr int kWonWords = 4;        // backward, max mode: won words of a bag per warp, loads in flight together
+constexpr int kWonWords = kBagWonWords;
 constexpr int kSweepUnroll = 8;     // backward: sorted positions whose grad rows are in flight together
-constexpr int kSweepChunks = 32;    // backward: most chunks per CTA of the sweep (its shared memory)
-constexpr int64_t kSweepSmemBytes = 48 * 1024;  // backward: the sweep's shared memory, at most (the default limit)
-constexpr int64_t kChunk = 64;      // backward: sorted positions per chunk
-constexpr int64_t kGroup = 32;      // backward: chunks per group partial
-constexpr int64_t kU32Limit = 0xffffffff;  // backward: sort keys, positions and run ends are uint32
-constexpr int kLateFillThreads = 256;      // backward, late fill: CTAs of this many threads,
-constexpr int kLateFillCtasPerSm = 2;      //   this many per SM (it shares the GPU with the sums)
-constexpr int kEarlyFillThreads = 1024;    // backward, early fill: one CTA of this many threads on a share
-                                           //   of the SMs (fill_shape; the sort has the others)
-constexpr int64_t kEarlyFillBytes = 512;   // backward: grad_weight bytes per index from which the fill starts early
-
-// ---------------------------------------------------------------------------
-// Choice of kernel: a pure function of the problem, used by the launchers and
-// by the Plan API (through the variant registry).
-
-struct TeamChoice {
-  int vec;   // elements per thread access: 16 bytes' worth when D allows it, else 1
-  int team;  // threads per bag / row / position (power of two); each owns D / (vec * team) vectors
-};
-
-TeamChoice choose_team(int64_t dim, int64_t elem_bytes, int max_team) {
-  const int full = static_cast<int>(16 / elem_bytes);
-  const int vec = dim % full == 0 ? full : 1;
-  const int64_t vectors = std::max<int64_t>(1, dim / vec);
-  int team = 1;
-  while (team < vectors && team < max_team) team *= 2;
-  return {vec, team};
-}
-
-std::string team_name(const TeamChoice& c, int64_t elem_bytes) {
-  return "team" + std::to_string(c.team) + "," + std::to_string(c.vec * elem_bytes) + "B";
-}
-
-int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
-
-// Backward: where the rows with no run are told apart, and so when their fill
-// starts. Early: make_keys_kernel marks each used position's row (a store per
-// index), and the fill runs beside the sort and the sums. Late: runs_kernel marks
-// each run's row (a store per row with a run), and the fill runs beside the sums
-// only. Early pays when grad_weight is large for the number of indices.
-bool early_fill(int64_t num_weights, int64_t dim, int64_t elem_bytes, int64_t num_indices) {
-  return num_weights * dim * elem_bytes >= kEarlyFillBytes * num_indices;
-}
-
-int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
-
-// Backward sort: (row, position) pairs by row, stable (a row's positions stay in
-// order), CUB's onesweep radix sort. Its digits are 8 bits a pass; keys of 17 or 18
-// bits take 9-bit digits instead, two passes instead of three. Where 9-bit digits
-// save no pass (20 and 22 bits) 8-bit ones are faster, 10-bit digits are slower at
-// every key width, and 11-bit ones do not fit in a block's static shared memory.
-constexpr int kWideDigitBits = 9;
-
-// Bits of the sort keys, which lie in [0, num_weights] (num_weights: no row).
-int sort_key_bits(int64_t num_weights) {
-  int bits = 0;
-  while ((uint64_t(1) << bits) <= uint64_t(num_weights)) ++bits;
-  return bits;
-}
-
-bool wide_digits(int end_bit) { return end_bit == 17 || end_bit == 18; }
+constexpr int64_t kChunk = kBagChunk;
+constexpr int64_t kGroup = kBagGroup;
+constexpr int kWideDigitBits = kBagWideDigitBits;
+constexpr int kEarlyFillThreads = kBagEarlyFillThreads;
 
 // CUB's sm_90 tuning for 4-byte keys, values and offsets, with kWideDigitBits digits
 // (its 384 threads, 16 keys a thread: 12 or 23 keys a thread, or 256 threads, are no faster).
@@ -121,7 +68,7 @@ struct WideDigitPolicyHub {
 // With temp == nullptr: sets bytes to the temporary storage the sort needs.
 void sort_rows(void* temp, size_t& bytes, cub::DoubleBuffer<uint32_t>& keys, cub::DoubleBuffer<uint32_t>& vals,
                int64_t n, int end_bit, cudaStream_t stream) {
-  if (wide_digits(end_bit)) {
+  if (bag_wide_digits(end_bit)) {
     using Sort = cub::DispatchRadixSort<cub::SortOrder::Ascending, uint32_t, uint32_t, uint32_t,
                                         cub::detail::identity_decomposer_t, WideDigitPolicyHub>;
     C10_CUDA_CHECK(Sort::Dispatch(temp, bytes, keys, vals, static_cast<uint32_t>(n), 0, end_bit,
@@ -131,63 +78,12 @@ void sort_rows(void* temp, size_t& bytes, cub::DoubleBuffer<uint32_t>& keys, cub
   }
 }
 
-// Backward scratch, byte offsets into the workspace (each 256-aligned):
-// sort keys and positions (double-buffered; after the sort the spare key buffer
-// holds each sorted position's bag), CUB's temporary storage, the end of each
-// row's run in the sorted order, the rows some used position names (a byte per
-// row), the chunk/group partials, and (max mode) the columns each position won,
-// a bit per column.
-struct BackwardLayout {
-  int end_bit = 0;
-  size_t cub_bytes = 0;
-  int64_t num_chunks = 0, num_groups = 0;
-  int64_t mask_words = 0;  // max mode: 32-bit words of won columns per position
-  int64_t keys[2], vals[2], cub, run_end, used, head, tail, group, mask, total;
-};
-
-BackwardLayout backward_layout(int64_t num_weights, int64_t num_indices, int64_t num_bags, int64_t dim,
-                               int64_t mode, int64_t acc_bytes) {
-  BARACUDA_CHECK_NOT_IMPLEMENTED(num_weights < kU32Limit && num_indices < kU32Limit && num_bags < kU32Limit,
-                              kEmbeddingBagBackwardOp, ": the CUDA kernel needs num_weights, the number of "
-                              "indices and the number of bags below 2^32 - 1, got ", num_weights, ", ", num_indices,
-                              " and ", num_bags);
-  // Every region below is at most (N + kChunk) * (D + 32) * 64 bytes, plus
-  // 5 bytes per row and CUB's temporary storage (< 2^36 bytes with N < 2^32).
-  checked_add(kEmbeddingBagBackwardOp, "the workspace size",
-              checked_mul(kEmbeddingBagBackwardOp, "the workspace size", num_indices + kChunk,
-                          checked_mul(kEmbeddingBagBackwardOp, "the workspace size", dim + 32, 64)),
-              int64_t(1) << 37);
-  BackwardLayout l;
-  l.mask_words = mode == kModeMax ? ceil_div<int64_t>(dim, 32) : 0;
-  l.end_bit = sort_key_bits(num_weights);
+// CUB's temporary storage for sorting n keys of end_bit bits.
+int64_t sort_scratch_bytes(int64_t n, int end_bit) {
+  size_t bytes = 0;
   cub::DoubleBuffer<uint32_t> k(nullptr, nullptr), v(nullptr, nullptr);
-  sort_rows(nullptr, l.cub_bytes, k, v, num_indices, l.end_bit, nullptr);
-  l.num_chunks = ceil_div<int64_t>(num_indices, kChunk);
-  l.num_groups = l.num_chunks / kGroup;  // full groups only
-  const int64_t n4 = align256(num_indices * 4);
-  int64_t at = 0;
-  for (int b = 0; b < 2; ++b) { l.keys[b] = at; at += n4; }
-  for (int b = 0; b < 2; ++b) { l.vals[b] = at; at += n4; }
-  l.cub = at;
-  at += align256(static_cast<int64_t>(l.cub_bytes));
-  l.run_end = at;
-  at += align256(num_weights * 4);
-  l.used = at;
-  at += align256(num_weights);
-  l.head = at;
-  at += align256(l.num_chunks * dim * acc_bytes);
-  l.tail = at;
-  at += align256(l.num_chunks * dim * acc_bytes);
-  l.group = at;
-  at += align256(l.num_groups * dim * acc_bytes);
-  l.mask = at;
-  at += align256(num_indices * l.mask_words * 4);
-  l.total = at;
-  return l;
-}
-
-int64_t grid_stride_blocks(int64_t n) {
-  return std::max<int64_t>(1, std::min<int64_t>(ceil_div<int64_t>(n, kThreads), int64_t(cuda::num_sms()) * 8));
+  sort_rows(nullptr, bytes, k, v, n, end_bit, nullptr);
+  return static_cast<int64_t>(bytes);
 }
 
 // ---------------------------------------------------------------------------
@@ -294,14 +190,17 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
+EmbeddingBagProblem problem_of(const BagGeometry& g, bool per_sample_weights) {
+  return {g.num_weights, g.dim, g.num_indices, g.num_bags, g.mode, per_sample_weights};
+}
+
 template <typename T, typename AccT, typename IndexT, int V>
 void launch_bag_forward(const at::Tensor& weight, const at::Tensor& indices, const c10::optional<at::Tensor>& offsets,
-                        const at::Tensor& psw, const BagGeometry& g, const TeamChoice& c, const at::Tensor& output,
+                        const at::Tensor& psw, const BagGeometry& g, const EmbeddingBagLaunchConfig& c, const at::Tensor& output,
                         const at::Tensor& offset2bag, const at::Tensor& bag_size, const at::Tensor& max_positions) {
-  const int64_t blocks = ceil_div<int64_t>(g.num_bags, kThreads / c.team);
   const bool is_max = g.mode == kModeMax;
   auto* kernel = is_max ? bag_forward_kernel<T, AccT, IndexT, V, true> : bag_forward_kernel<T, AccT, IndexT, V, false>;
-  kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<c.blocks, c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       weight.const_data_ptr<T>(), indices.const_data_ptr<IndexT>(),
       offsets.has_value() ? offsets->const_data_ptr<IndexT>() : nullptr,
       psw.defined() ? psw.const_data_ptr<T>() : nullptr, output.mutable_data_ptr<T>(),
@@ -333,7 +232,7 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
   if (offsets.has_value()) offsets = offsets->contiguous();
   const auto w = cuda::aligned_contiguous(weight);
   const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
-  const auto c = choose_team(g.dim, weight.element_size(), kThreads);
+  const auto c = embedding_bag_forward_config(problem_of(g, psw.defined()), weight.scalar_type(), cuda::device_facts());
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_cuda", [&] {
     BARACUDA_DISPATCH_FLOATING(weight.scalar_type(), "embedding_bag_cuda", [&] {
       constexpr int kV = 16 / sizeof(scalar_t);
@@ -542,7 +441,7 @@ __device__ __forceinline__ void store_sums(Out* p, const AccT (&acc)[V]) {
 
 // Step (4): one team per chunk of kChunk sorted positions, a block's teams on
 // consecutive chunks. The block stages its positions (key, bag, position, aux;
-// in max mode also their won words when they fit in kSweepSmemBytes) in shared
+// in max mode also their won words when they fit in kBagSweepSmemBytes) in shared
 // memory, one pass with every load in flight; then each team sweeps
 // its chunk in order, kSweepUnroll grad rows in flight, and at each run boundary
 // flushes the run's sum: a run wholly inside the chunk is its row of
@@ -555,11 +454,6 @@ __device__ __forceinline__ void store_sums(Out* p, const AccT (&acc)[V]) {
 // they are not read again by the backward, and leaving L2 to the sort's and the
 // sweep's inputs is faster at every benchmark case. Registers: 3 CTAs per SM for
 // 4-byte elements (80 registers); 16-bit and float64 elements would spill there, so 2.
-template <typename AccT>
-int64_t sweep_smem_bytes(int chunks, int64_t staged_won_words) {
-  return int64_t(chunks) * kChunk * ((3 + staged_won_words) * sizeof(uint32_t) + sizeof(AccT));
-}
-
 template <typename T, typename AccT, int V, bool kMax>
 __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 3 : 2)
     chunk_sweep_kernel(GradSource<T, AccT, V> src, const uint32_t* __restrict__ keys, int64_t n,
@@ -713,7 +607,8 @@ __global__ void __launch_bounds__(kThreads)
 // a time, lane l loading row l's byte of the used-row map (the next 32 rows'
 // bytes in flight while it stores); its 32 / team sub-teams of `team` lanes take
 // rows r, r + 32 / team, ... It runs on a second stream (a grid-stride loop of
-// few CTAs, fill_shape), beside the sort and the sums or the sums only (early_fill).
+// few CTAs, embedding_bag_backward_config), beside the sort and the sums or the sums only
+// (early_fill).
 template <typename T, int V>
 __global__ void __launch_bounds__(kEarlyFillThreads)
     zero_unused_rows_kernel(const uint8_t* __restrict__ used_rows, int64_t num_weights, int64_t dim,
@@ -744,26 +639,6 @@ __global__ void __launch_bounds__(kEarlyFillThreads)
   }
 }
 
-// The unused-row fill's grid. Early (beside the sort): one CTA of kEarlyFillThreads
-// on half the SMs (three quarters in max mode). Fill CTAs on every SM make CUB's sort
-// kernels, launched after them, wait for room: an SM holding fill CTAs keeps the
-// shared-memory carveout of a kernel that needs none, so kernels that need some do
-// not fit there until they leave. Fewer SMs starve the fill, more leave the sort
-// too little room; in max mode the larger share is faster.
-// Late (beside the sums only): kLateFillCtasPerSm CTAs of kLateFillThreads on every
-// SM.
-struct FillShape {
-  int64_t blocks;
-  int threads;
-};
-
-FillShape fill_shape(bool early, bool max_mode, int64_t num_weights) {
-  const int64_t sms = cuda::num_sms();
-  const int threads = early ? kEarlyFillThreads : kLateFillThreads;
-  const int64_t most = !early ? sms * kLateFillCtasPerSm : max_mode ? sms * 3 / 4 : sms / 2;
-  return {std::max<int64_t>(1, std::min(ceil_div<int64_t>(num_weights, threads), most)), threads};  // 32 rows a warp
-}
-
 // Steps (4) and (5) for the rows with a run, on the current stream. The partial and
 // crossing-row kernels launch early (beside the sweep's last CTAs): until they wait
 // for the sweep they read only the sorted keys and run ends, written before it
@@ -772,36 +647,27 @@ FillShape fill_shape(bool early, bool max_mode, int64_t num_weights) {
 // grid in flight (tools/pdl_chain_probe.cu checks this ordering on a device).
 template <typename T, typename AccT, int V>
 void launch_backward_segments(const GradSource<T, AccT, V>& src, const uint32_t* sorted_keys,
-                              const uint32_t* run_end, const BackwardLayout& l, char* ws, int64_t n,
-                              int64_t num_weights, const TeamChoice& c, const at::Tensor& grad_weight) {
+                              const uint32_t* run_end, char* ws, int64_t n, int64_t num_weights,
+                              const EmbeddingBagLaunchConfig& c, const at::Tensor& grad_weight) {
+  const BagBackwardLayout& l = c.layout;
   auto* head = reinterpret_cast<AccT*>(ws + l.head);
   auto* tail = reinterpret_cast<AccT*>(ws + l.tail);
   auto* group = reinterpret_cast<AccT*>(ws + l.group);
-  const int sweep_block = std::min(kThreads, kSweepChunks * c.team);
-  const int sweep_chunks = sweep_block / c.team;
-  const bool stage_won =
-      src.mode == kModeMax && sweep_smem_bytes<AccT>(sweep_chunks, src.mask_words) <= kSweepSmemBytes;
   auto* sweep = src.mode == kModeMax ? chunk_sweep_kernel<T, AccT, V, true> : chunk_sweep_kernel<T, AccT, V, false>;
-  sweep<<<ceil_div<int64_t>(l.num_chunks, sweep_chunks), sweep_block,
-          sweep_smem_bytes<AccT>(sweep_chunks, stage_won ? src.mask_words : 0), c10::cuda::getCurrentCUDAStream()>>>(
+  sweep<<<c.sweep_blocks, c.sweep_threads, c.sweep_smem, c10::cuda::getCurrentCUDAStream()>>>(
       src, sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_chunks, head, tail,
-      grad_weight.mutable_data_ptr<T>(), c.team, stage_won);
+      grad_weight.mutable_data_ptr<T>(), c.team, c.stage_won);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int teams = kThreads / c.team;
-  if (l.num_groups > 0) {
+  if (c.partial_blocks > 0) {
     cuda::launch(group_partials_kernel<AccT, V>,
-                 {.grid = dim3(ceil_div<int64_t>(l.num_groups, teams)), .block = dim3(kThreads), .early = true},
+                 {.grid = dim3(c.partial_blocks), .block = dim3(c.threads), .early = true},
                  sorted_keys, n, static_cast<uint32_t>(num_weights), l.num_groups, src.dim, head, group, c.team);
   }
   cuda::launch(crossing_rows_kernel<AccT, T, V>,
-               {.grid = dim3(ceil_div<int64_t>(l.num_chunks, teams)), .block = dim3(kThreads), .early = true},
+               {.grid = dim3(c.crossing_blocks), .block = dim3(c.threads), .early = true},
                sorted_keys, run_end, n, static_cast<uint32_t>(num_weights), l.num_chunks, src.dim,
                static_cast<const AccT*>(head), static_cast<const AccT*>(tail), static_cast<const AccT*>(group),
                grad_weight.mutable_data_ptr<T>(), c.team);
-}
-
-bool backward_is_trivial(int64_t num_weights, int64_t dim, int64_t num_indices, int64_t num_bags) {
-  return num_weights == 0 || dim == 0 || num_indices == 0 || num_bags == 0;
 }
 
 void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor& indices_in,
@@ -820,11 +686,14 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   if (grad_weight.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad_in.device());
   cuda::check_device_arch(op);
-  if (backward_is_trivial(num_weights, D, N, B)) {
+  const EmbeddingBagProblem problem{num_weights, D, N, B, mode, per_sample_weights.has_value()};
+  if (bag_backward_is_trivial(problem)) {
     grad_weight.zero_();
     return;
   }
-  const auto l = backward_layout(num_weights, N, B, D, mode, acc_bytes_of(grad_in.scalar_type()));
+  const auto c = embedding_bag_backward_config(problem, grad_in.scalar_type(), cuda::device_facts(),
+                                               sort_scratch_bytes(N, bag_sort_key_bits(num_weights)));
+  const BagBackwardLayout& l = c.layout;
   check_workspace(op, workspace, l.total, 256, grad_in.device(),
                   {{"grad", grad_in}, {"indices", indices_in}, {"offset2bag", offset2bag_in}, {"bag_size", bag_size_in},
                    {"max_positions", max_positions_in}, {"per_sample_weights", if_present(per_sample_weights)},
@@ -842,22 +711,20 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   auto* run_end = reinterpret_cast<uint32_t*>(ws + l.run_end);
   auto* used_rows = reinterpret_cast<uint8_t*>(ws + l.used);
   auto* won = reinterpret_cast<uint32_t*>(ws + l.mask);
-  const auto c = choose_team(D, grad.element_size(), kThreads);
-  const bool early = early_fill(num_weights, D, grad.element_size(), N);
+  const bool early = c.early_fill;
 
   // Max mode: the won columns, on a stream of their own beside the keys and the sort.
   std::optional<cuda::SideStream> won_side;
   if (mode == kModeMax) {
     won_side.emplace(stream);
     C10_CUDA_CHECK(cudaMemsetAsync(won, 0, N * l.mask_words * sizeof(uint32_t), won_side->stream()));
-    max_won_kernel<<<grid_stride_blocks(B * ceil_div<int64_t>(l.mask_words, kWonWords) * 32), kThreads, 0,
-                     won_side->stream()>>>(max_positions.const_data_ptr<int64_t>(),
+    max_won_kernel<<<c.won_blocks, c.threads, 0, won_side->stream()>>>(max_positions.const_data_ptr<int64_t>(),
                                            offset2bag.const_data_ptr<int64_t>(), B, D, N, l.mask_words, won);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (early) C10_CUDA_CHECK(cudaMemsetAsync(used_rows, 0, num_weights, stream));  // else make_keys_kernel zeroes it
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_backward_keys", [&] {
-    make_keys_kernel<index_t><<<grid_stride_blocks(N), kThreads, 0, stream>>>(
+    make_keys_kernel<index_t><<<c.grid_stride_blocks, c.threads, 0, stream>>>(
         indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(), N, num_weights, B, padding_idx,
         keys[0], vals[0], early ? used_rows : nullptr, early ? nullptr : used_rows);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -870,9 +737,8 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
     BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_backward_zero_rows", [&] {
       constexpr int kV = 16 / sizeof(scalar_t);
       auto* kernel = c.vec == kV ? zero_unused_rows_kernel<scalar_t, kV> : zero_unused_rows_kernel<scalar_t, 1>;
-      const FillShape f = fill_shape(early, mode == kModeMax, num_weights);
-      kernel<<<f.blocks, f.threads, 0, side->stream()>>>(used_rows, num_weights, D,
-                                                        grad_weight.mutable_data_ptr<scalar_t>(), std::min(c.team, 32));
+      kernel<<<c.fill_blocks, c.fill_threads, 0, side->stream()>>>(used_rows, num_weights, D,
+                                                                grad_weight.mutable_data_ptr<scalar_t>(), c.fill_team);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   };
@@ -881,7 +747,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   size_t cub_bytes = l.cub_bytes;
   sort_rows(ws + l.cub, cub_bytes, sort_keys, sort_vals, N, l.end_bit, stream);
   uint32_t* const sorted_bag = sort_keys.Alternate();  // the spare key buffer
-  runs_kernel<<<grid_stride_blocks(N), kThreads, 0, stream>>>(sort_keys.Current(), sort_vals.Current(),
+  runs_kernel<<<c.grid_stride_blocks, c.threads, 0, stream>>>(sort_keys.Current(), sort_vals.Current(),
                                                              offset2bag.const_data_ptr<int64_t>(), N,
                                                              static_cast<uint32_t>(num_weights), run_end,
                                                              early ? nullptr : used_rows,
@@ -902,7 +768,7 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
                                                 D,
                                                 l.mask_words,
                                                 mode};
-      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_end, l, ws, N, num_weights, c,
+      launch_backward_segments<scalar_t, acc_t, kV>(src, sort_keys.Current(), run_end, ws, N, num_weights, c,
                                                     grad_weight);
     };
     if (c.vec == 16 / int(sizeof(scalar_t))) {
@@ -914,11 +780,10 @@ void embedding_bag_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor
   side->join();
 }
 
-int64_t backward_workspace_bytes(int64_t num_weights, int64_t dim, int64_t num_indices, int64_t num_bags,
-                                 int64_t mode, c10::ScalarType dtype) {
-  return backward_is_trivial(num_weights, dim, num_indices, num_bags)
-             ? 0
-             : backward_layout(num_weights, num_indices, num_bags, dim, mode, acc_bytes_of(dtype)).total;
+int64_t backward_workspace_bytes(const EmbeddingBagProblem& p, c10::ScalarType dtype) {
+  if (bag_backward_is_trivial(p)) return 0;
+  const int64_t scratch = sort_scratch_bytes(p.num_indices, bag_sort_key_bits(p.num_weights));
+  return embedding_bag_backward_config(p, dtype, cuda::device_facts(), scratch).workspace_bytes;
 }
 
 at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
@@ -930,8 +795,9 @@ at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor&
   int64_t need = 0;
   {
     const c10::cuda::CUDAGuard guard(grad.device());
-    need = backward_workspace_bytes(num_weights, grad.size(1), indices.numel(), grad.size(0), mode,
-                                    grad.scalar_type());
+    need = backward_workspace_bytes(
+        {num_weights, grad.size(1), indices.numel(), grad.size(0), mode, per_sample_weights.has_value()},
+        grad.scalar_type());
   }
   const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
   auto grad_weight = at::empty({num_weights, grad.size(1)}, grad.options());
@@ -991,15 +857,15 @@ void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::T
   const auto grad = cuda::aligned_contiguous(grad_in);
   const auto weight = cuda::aligned_contiguous(weight_in);
   const int64_t D = weight.size(1);
-  const auto c = choose_team(D, weight.element_size(), 32);
-  const int64_t blocks = ceil_div<int64_t>(N, kThreads / c.team);
+  const auto c = embedding_bag_psw_backward_config({weight.size(0), D, N, grad.size(0), mode, true},
+                                                   weight.scalar_type(), cuda::device_facts());
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_psw_backward_cuda", [&] {
     BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_psw_backward_cuda", [&] {
       constexpr int kV = 16 / sizeof(scalar_t);
       auto* kernel = c.vec == kV ? position_dot_kernel<scalar_t, acc_t, index_t, kV>
                                  : position_dot_kernel<scalar_t, acc_t, index_t, 1>;
-      kernel<<<blocks, kThreads, 0, stream>>>(grad.const_data_ptr<scalar_t>(), weight.const_data_ptr<scalar_t>(),
+      kernel<<<c.blocks, c.threads, 0, stream>>>(grad.const_data_ptr<scalar_t>(), weight.const_data_ptr<scalar_t>(),
                                              indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
                                              N, weight.size(0), grad.size(0), D, padding_idx,
                                              grad_per_sample_weights.mutable_data_ptr<scalar_t>(), c.team);
@@ -1131,32 +997,24 @@ at::Tensor embedding_bag_weight_backward_cuda(const at::Tensor& grad_in, const a
   return sparse_gradient(rows, values, num_weights);
 }
 
-void check_problem(const char* op, c10::IntArrayRef problem) {
-  BARACUDA_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0 && problem[3] >= 0,
-                    op, ": malformed problem ", shape_str(problem));
-}
-
+// The Plan's variant: the launch config, described; the backward's workspace
+// with CUB's sort scratch.
 KernelChoice embedding_bag_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  check_problem(kEmbeddingBagOp, problem);
-  const int64_t elem = c10::elementSize(dtype);
-  return {"bag_gather<" + team_name(choose_team(problem[1], elem, kThreads), elem) + ">", 0};
+  const auto v = embedding_bag_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  check_problem(kEmbeddingBagBackwardOp, problem);
-  const int64_t elem = c10::elementSize(dtype);
-  const std::string variant = "sort_segment<" + team_name(choose_team(problem[1], elem, kThreads), elem) +
-                              ",radix" + std::to_string(wide_digits(sort_key_bits(problem[0])) ? kWideDigitBits : 8) +
-                              ",chunk" + std::to_string(kChunk) + ",group" + std::to_string(kGroup) + "," +
-                              (early_fill(problem[0], problem[1], elem, problem[2]) ? "early" : "late") +
-                              "_zero_fill>";
-  return {variant, backward_workspace_bytes(problem[0], problem[1], problem[2], problem[3], problem[4], dtype)};
+  const auto p = embedding_bag_problem(kEmbeddingBagBackwardOp, problem);
+  const int64_t scratch =
+      bag_backward_is_trivial(p) ? 0 : sort_scratch_bytes(p.num_indices, bag_sort_key_bits(p.num_weights));
+  const auto v = embedding_bag_view(embedding_bag_backward_config(p, dtype, cuda::device_facts(), scratch));
+  return {describe(v), v.workspace_bytes};
 }
 
 KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  check_problem(kEmbeddingBagPswBackwardOp, problem);
-  const int64_t elem = c10::elementSize(dtype);
-  return {"position_dot<" + team_name(choose_team(problem[1], elem, 32), elem) + ">", 0};
+  const auto v = embedding_bag_psw_backward_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 BARACUDA_REGISTER_VARIANT("embedding_bag", c10::DeviceType::CUDA, embedding_bag_choice);
