@@ -16,6 +16,7 @@
 #include "baracuda/cpu_utils.h"
 #include "baracuda/embedding_bag_policy.h"
 #include "baracuda/errors.h"
+#include "baracuda/fractional_max_pool_policy.h"
 #include "baracuda/launch_policy.h"
 #include "baracuda/repeat_policy.h"
 #include "baracuda/variant.h"
@@ -107,6 +108,10 @@ void register_launch_policies() {
   policies["embedding_bag"] = &embedding_bag_launch_view;
   policies["embedding_bag_backward"] = &embedding_bag_backward_launch_view;
   policies["embedding_bag_per_sample_weights_backward"] = &embedding_bag_psw_backward_launch_view;
+  policies["fractional_max_pool2d"] = &fmp_launch_view;
+  policies["fractional_max_pool3d"] = &fmp_launch_view;
+  policies["fractional_max_pool2d_backward"] = &fmp_backward_launch_view;
+  policies["fractional_max_pool3d_backward"] = &fmp_backward_launch_view;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "baracuda/cuda_utils.cuh"
 #include "baracuda/dispatch.h"
 #include "baracuda/fractional_max_pool.h"
+#include "baracuda/fractional_max_pool_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -25,280 +26,28 @@ namespace {
 using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
-constexpr int kThreads = 256;            // forward and stray-fixup blocks
-constexpr int kBwdThreads = 256;         // backward tile blocks (512 are slower)
+// The choice of kernel and its launch shape: fmp_forward_config and
+// fmp_backward_config (baracuda/fractional_max_pool_policy.h), with the device's facts.
+constexpr int kThreads = kFmpThreads;
+constexpr int kBwdThreads = kFmpBwdThreads;
 // Backward: blocks per SM the registers must allow (__launch_bounds__): 4 (64
 // registers); at 5 (48) the tile kernels spill loaded values right after their loads,
 // and the spill stores wait on the loads.
 constexpr int fmp_bwd_blocks_per_sm(int dims, bool index32) { return !index32 ? 2 : 4; }
-constexpr int64_t kForwardWaves = 2;     // forward, overlapping windows: waves of resident blocks (faster than 1)
 constexpr int kCellsPerThread = 8;       // backward: output cells a thread holds per chunk
-constexpr int kBoxCells = 4;           // backward, owned boxes: output cells a thread writes the boxes of
-constexpr int64_t kMaxBoxStride = 4;    // backward, owned boxes: the largest integer stride taken
+constexpr int kBoxCells = kFmpBoxCells;
 constexpr int kRowRun = 3;               // backward, tile_counts: candidates of a row visited unrolled (at most 3
                                          // along W for 3 x 3 windows at strides above 4 / 3)
 constexpr int kTileTable = 8;            // backward: tiles per plane whose geometry the host computes
-constexpr int kLaterCap = 32;            // backward, disjoint windows: second contributions a block resolves itself
-constexpr int64_t kTileBytes = 64 * 1024;  // backward: largest tile, in acc_t elements of this many bytes
-constexpr int64_t kMaxBwdSmem = 72 * 1024;  // backward: tiles halve until a block's shared memory fits (3 blocks per SM)
+constexpr int kLaterCap = kFmpLaterCap;
 // Backward, overlapping windows: a box cell's staged target is its tile element (a
-// tile holds at most kTileBytes / 4 elements), kNoTarget for a cell whose index is not
+// tile holds at most kFmpTileBytes / 4 elements), kNoTarget for a cell whose index is not
 // in the tile.
 constexpr uint16_t kNoTarget = 0xffff;
-static_assert(kTileBytes / 4 < kNoTarget);
+static_assert(kFmpTileBytes / 4 < kNoTarget);
 // Overlapping windows: 16-bit contribution counts, which cannot overflow: a tile's box
 // holds fewer cells (each takes at least 8 of a block's at most 227 KB of shared memory).
 static_assert(227 * 1024 / 8 < (1 << 16));
-// Forward, 2d: most shared memory for a band's input rows. 16 KB: more, shorter blocks
-// than at larger bands keep more loads in flight; smaller bands re-read more rows.
-constexpr int64_t kBandBytes = 16 * 1024;
-
-// ---------------------------------------------------------------------------
-// Choice of kernel: a pure function of the problem, used by the launchers and
-// by the Plan API (through the variant registry).
-
-constexpr int64_t kInt31 = int64_t(1) << 31;
-
-// Forward window elements when unrolled (k per axis, 0: not unrolled).
-constexpr int fmp_window(int dims, int k) { return k == 0 ? 0 : (dims == 3 ? k * k * k : k * k); }
-
-// Output cells per thread in the forward: enough window loads in flight to cover
-// DRAM latency (the whole window of each cell is loaded before any compare).
-constexpr int fmp_cells_per_thread(int window) { return window == 0 ? 1 : (window <= 8 ? 4 : 2); }
-
-// Backward geometry along one axis (see the comment above fmp_backward_tile_kernel):
-// the cells whose reach [f(c) - 1, f(c) + k] meets the input range [x0, x1] are
-// [c0, c0 + n), where f(c) = floor(c * (in - k) / (out - 1)) (f = in - k when out == 1).
-__host__ __device__ inline void fmp_reach_cells(int64_t in, int64_t out, int64_t k, int64_t x0, int64_t x1,
-                                                int64_t& c0, int64_t& n) {
-  if (out == 1) {
-    c0 = 0;
-    n = 1;
-    return;
-  }
-  const int64_t a = in - k, b = out - 1;
-  const int64_t m = x0 - k;  // f(c) >= m  <=>  c >= ceil(m * b / a)
-  c0 = m <= 0 ? 0 : std::min<int64_t>(out - 1, (m * b + a - 1) / a);
-  const int64_t c1 = std::min<int64_t>(out - 1, ((x1 + 2) * b - 1) / a);  // f(c) <= x1 + 1
-  n = c1 >= c0 ? c1 - c0 + 1 : 0;
-}
-
-struct FmpChoice {
-  bool index32;  // 32-bit index math (fast division) when every dividend stays below 2^31
-  int k;         // forward: 2 or 3 when every pooled axis has that kernel size (windows unrolled); 0: loops
-  bool table;    // forward: window starts tabulated per plane in shared memory (at most kThreads x cells of them)
-  bool disjoint; // forward: windows never overlap (k <= alpha on every axis): one block per work item
-  int threads;   // forward: threads per block (whole warps, at most kThreads), fmp_segment_threads
-  // 2d with unrolled windows: bands of band_rows output rows whose input rows (at
-  // most band_in_rows) are staged in shared memory (fmp2d_forward_band_kernel);
-  // band_rows == 0: not staged (fmp_forward_kernel).
-  int64_t band_rows = 0, band_in_rows = 0, bands = 0;
-};
-
-// Forward segments: `cells` output cells (a plane, or a band of one) are split into
-// segments of `threads` x `per_thread` slots, threads a multiple of 32 and at most
-// kThreads. Slots past the end load a window and store nothing, so of the first few
-// segment counts (at least 128 threads, unless the fewest segments need fewer) the
-// one with the fewest such slots wins (ties: fewer segments). A 40 x 40 plane with 2
-// cells per thread: 5 segments of 160 threads, none idle, where 4 of 256 threads
-// left 22% of the slots idle.
-int fmp_segment_threads(int64_t cells, int per_thread) {
-  int best = kThreads;
-  if (cells == 0) return best;  // nothing is launched
-  const int64_t fewest = ceil_div<int64_t>(cells, int64_t(kThreads) * per_thread);
-  int64_t best_idle = -1;
-  for (int64_t s = fewest; s < fewest + 8; ++s) {
-    const int64_t threads = ceil_div<int64_t>(ceil_div<int64_t>(cells, s * per_thread), 32) * 32;
-    if (threads < 128 && s > fewest) break;
-    const int64_t idle = s * threads * per_thread - cells;
-    if (best_idle < 0 || idle < best_idle) {
-      best = static_cast<int>(threads);
-      best_idle = idle;
-    }
-  }
-  return best;
-}
-
-// 2d bands: with samples in [0, 1) the starts of output rows o < o' differ by at most
-// floor((o' - o) * (in - k) / (out - 1)) + 1, so a band of R output rows reads at most
-// that for o' - o = R - 1, plus k, plus one row for float rounding: band_in_rows. The
-// band is the most rows whose input rows (and a 16-byte vector of alignment slack)
-// fit in kBandBytes, balanced over the plane's bands.
-void choose_fmp_bands(const FmpGeometry& g, int64_t elem_bytes, FmpChoice& c) {
-  const int64_t in = g.in[1], out = g.out[1], k = g.k[1], width = g.in[2];
-  auto in_rows = [&](int64_t rows) {
-    return out == 1 ? k : std::min<int64_t>(in, (rows - 1) * (in - k) / (out - 1) + k + 2);
-  };
-  auto bytes = [&](int64_t rows) { return (in_rows(rows) * width) * elem_bytes + 16; };
-  if (bytes(1) > kBandBytes) return;
-  int64_t rows = 1;
-  while (rows < out && bytes(rows + 1) <= kBandBytes) ++rows;
-  c.bands = ceil_div<int64_t>(out, rows);
-  c.band_rows = ceil_div<int64_t>(out, c.bands);
-  c.band_in_rows = in_rows(c.band_rows);
-  c.threads = fmp_segment_threads(c.band_rows * g.out[2], fmp_cells_per_thread(fmp_window(2, c.k)));
-}
-
-FmpChoice choose_fmp(const FmpGeometry& g, c10::ScalarType dtype) {
-  bool fits = g.planes() * g.in_plane() < kInt31 && g.planes() * g.out_plane() < kInt31;
-  // Backward reach and cell-range math multiplies (x + k + 3) * out-sized values.
-  for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + g.k[a] + 3) * (g.out[a] + 1) < kInt31;
-  int k = 0;
-  for (int kk : {2, 3}) {
-    bool all = true;
-    for (int a = 3 - g.dims; a < 3; ++a) all = all && g.k[a] == kk;
-    if (all) k = kk;
-  }
-  bool disjoint = true;  // alpha = (in - k) / (out - 1) >= k on every axis
-  for (int a = 0; a < 3; ++a) disjoint = disjoint && (g.out[a] <= 1 || g.k[a] * (g.out[a] - 1) <= g.in[a] - g.k[a]);
-  k = fits ? k : 0;  // unrolled windows only with 32-bit indices (64-bit problems take the loops)
-  // A block computes its plane's whole start table: worth it while that is no more
-  // starts than the cells of one work item (else each cell computes its own).
-  const int64_t starts = (g.dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2];
-  const int cells = fmp_cells_per_thread(fmp_window(g.dims, k));
-  const bool table = starts <= int64_t(kThreads) * cells;
-  FmpChoice c{fits, k, table, disjoint, fmp_segment_threads(g.out_plane(), cells)};
-  if (g.dims == 2 && k > 0 && table) {
-    choose_fmp_bands(g, static_cast<int64_t>(c10::elementSize(dtype)), c);
-  }
-  return c;
-}
-
-// Backward tiling (see the comment above fmp_backward_tile_kernel). A tile is a
-// box of tile[T] x tile[H] x tile[W] input elements of one plane; only the
-// outermost axes are split, so a tile is always one contiguous range of the plane.
-// Shared memory of a block: an accumulator per tile element (acc_t; scalar_t for
-// disjoint windows, see tile_stores) and one vector of slack to align it with dx, a
-// field of `bits` bits per tile element (disjoint: 1, a "seen" bit; overlapping: 16, a
-// count), and with overlapping windows the dy (acc_t) and target (uint16) of each cell
-// of the box, a list of the elements of three or more contributions (uint16; each
-// takes three cells) and one of the box places of second contributions (uint16; each
-// element takes two cells). Tiles start at kTileBytes / (accumulator size) elements and shrink
-// until the block fits in kMaxBwdSmem (a plane of 112 x 112 float32 with 3 x 3
-// windows takes two tiles: four blocks per SM, not two), then on while the cells
-// loaded per element do not grow.
-struct FmpBackwardChoice {
-  bool index32 = true;
-  int64_t tile[3] = {1, 1, 1};   // input extent of a tile per axis
-  int64_t count[3] = {1, 1, 1};  // tiles per axis
-  int64_t tiles = 1;             // tiles per plane
-  bool disjoint = false;         // windows disjoint (k <= alpha on every axis): one store per element
-  int bits = 1;                  // field bits per element: 1 (disjoint: seen), 16 (overlapping: a count)
-  int64_t box[3] = {1, 1, 1};    // most cells per axis in the box of one tile
-  int64_t box_cells = 0;         // box[0] * box[1] * box[2]
-  bool whole_rows = false;       // a box holds whole rows of cells (W, and in 3d H, not split): place q is
-                                 // cell o0 + q
-  int64_t acc_bytes = 0;         // acc_t per tile element and one vector, 16-byte multiple
-  int64_t cell_bytes = 0;        // overlapping windows: acc_t + uint16 per box cell, a list of box_cells / 3 + 1
-                                 // and one of box_cells / 2 + 1 uint16, 16-byte multiple
-  int64_t mask_bytes = 0;        // bits per tile element, 16-byte multiple
-  int64_t smem_bytes = 0;        // acc_bytes + cell_bytes + mask_bytes
-  // Owned boxes (fmp_backward_boxes_kernel): the integer stride per axis, and the
-  // cells of one block (tiles is then the blocks per plane).
-  bool boxes = false;
-  int64_t stride[3] = {1, 1, 1};
-  int64_t block_cells = 0;
-};
-
-FmpBackwardChoice choose_fmp_backward(const FmpGeometry& g, c10::ScalarType dtype) {
-  FmpBackwardChoice c;
-  const FmpChoice forward = choose_fmp(g, dtype);
-  c.index32 = forward.index32;
-  c.disjoint = forward.disjoint;
-  // Owned boxes: alpha = (in - k) / (out - 1) an integer in [k, kMaxBoxStride] on
-  // every axis (an axis of one cell: its box is the whole axis, at most kMaxBoxStride),
-  // 2 = k along W (box rows of 2 elements, stored as vectors; boxes 3 wide would be
-  // stored element by element, slower than the tiles).
-  c.boxes = c.disjoint && g.k[2] == 2 && g.in[2] == 2 * g.out[2];
-  for (int a = 0; a < 3; ++a) {
-    const int64_t A = g.in[a] - g.k[a], B = g.out[a] - 1;
-    c.stride[a] = B == 0 ? g.in[a] : A / B;
-    c.boxes = c.boxes && (B == 0 || A % B == 0) && g.k[a] <= c.stride[a] && c.stride[a] <= kMaxBoxStride;
-  }
-  if (c.boxes) {
-    const int64_t per_block = int64_t(kThreads) * kBoxCells;
-    c.tiles = ceil_div<int64_t>(g.out_plane(), per_block);
-    c.block_cells = ceil_div<int64_t>(ceil_div<int64_t>(g.out_plane(), c.tiles), 2) * 2;  // even: pairs of cells
-    return c;
-  }
-  const int64_t acc_size = dtype == at::kDouble ? 8 : 4;
-  const int64_t elem_size = static_cast<int64_t>(c10::elementSize(dtype));
-  const int64_t vec = 16 / elem_size;
-  const int64_t store_size = c.disjoint ? elem_size : acc_size;  // the tile's accumulator elements
-  c.bits = c.disjoint ? 1 : 16;
-  // The tiles of at most `budget` elements.
-  const auto tiles_of = [&](int64_t budget) {
-    FmpBackwardChoice t = c;
-    // Largest extent per axis, innermost axes whole first.
-    int64_t inner = 1;
-    for (int a = 2; a >= 0; --a) {
-      const int64_t max_extent = std::max<int64_t>(1, budget / inner);
-      t.count[a] = ceil_div<int64_t>(g.in[a], max_extent);
-      t.tile[a] = ceil_div<int64_t>(g.in[a], t.count[a]);  // balanced tiles
-      inner = t.count[a] == 1 ? inner * g.in[a] : budget + 1;  // a split axis leaves 1 for the outer ones
-    }
-    t.tiles = t.count[0] * t.count[1] * t.count[2];
-    t.box_cells = 1;
-    for (int a = 0; a < 3; ++a) {  // the widest box of cells over this axis' tiles
-      int64_t most = 0;
-      for (int64_t i = 0; i < t.count[a]; ++i) {
-        int64_t c0 = 0, n = 0;
-        const int64_t x0 = i * t.tile[a];
-        fmp_reach_cells(g.in[a], g.out[a], g.k[a], x0, std::min(x0 + t.tile[a], g.in[a]) - 1, c0, n);
-        most = std::max(most, n);
-      }
-      t.box[a] = std::max<int64_t>(most, 1);
-      t.box_cells *= t.box[a];
-    }
-    const int64_t elems = t.tile[0] * t.tile[1] * t.tile[2];
-    t.whole_rows = t.count[2] == 1 && (g.dims == 2 || t.count[1] == 1);
-    t.acc_bytes = ceil_div<int64_t>((elems + vec) * store_size, 16) * 16;
-    const int64_t list_bytes = (t.box_cells / 3 + 1 + t.box_cells / 2 + 1) * 2;
-    t.cell_bytes = t.disjoint ? 0 : ceil_div<int64_t>(t.box_cells * (acc_size + 2) + list_bytes, 16) * 16;
-    t.mask_bytes = ceil_div<int64_t>(elems * t.bits, 128) * 16;
-    t.smem_bytes = t.acc_bytes + t.cell_bytes + t.mask_bytes;
-    return t;
-  };
-  // Budgets of kTileBytes, then 3/4, 1/2, 3/8, ... of it: the first whose block fits,
-  // or a smaller one (down to a quarter of it) with no more box cells per tile
-  // element, the smallest such: as many cells loaded, more blocks per SM (3d [8, 32,
-  // 32, 64, 64] float32: 3 T-slices at 4 blocks per SM rather than 4 T-slices at 3).
-  const auto next_budget = [](int64_t b) { return std::max<int64_t>(1, b % 3 == 0 ? b * 2 / 3 : b * 3 / 4); };
-  int64_t budget = kTileBytes / store_size;
-  FmpBackwardChoice best = tiles_of(budget);
-  while (best.smem_bytes > kMaxBwdSmem && budget > 1) best = tiles_of(budget = next_budget(budget));
-  const auto elems_of = [](const FmpBackwardChoice& t) { return t.tile[0] * t.tile[1] * t.tile[2]; };
-  for (const int64_t lowest = budget / 4; budget > 1 && next_budget(budget) >= lowest;) {
-    const FmpBackwardChoice t = tiles_of(budget = next_budget(budget));
-    if (t.box_cells * elems_of(best) <= best.box_cells * elems_of(t)) best = t;
-  }
-  return best;
-}
-
-// Stray flags, one int32 per backward block; none when nothing is launched.
-int64_t fmp_backward_workspace_bytes(const FmpGeometry& g, const FmpBackwardChoice& c) {
-  if (g.planes() == 0 || g.out_plane() == 0) return 0;
-  return g.planes() * c.tiles * int64_t(sizeof(int32_t));
-}
-
-std::string fmp_variant(const FmpChoice& c, int dims) {
-  const std::string k = c.k == 0 ? "any k" : "k=" + std::to_string(c.k);
-  const std::string cells = std::to_string(fmp_cells_per_thread(fmp_window(dims, c.k))) + " cells/thread," +
-                            std::to_string(c.threads) + " threads";
-  if (c.band_rows > 0) {
-    return "band_window_max<" + k + "," + std::to_string(c.band_rows) + " rows/band," + cells + ">";
-  }
-  return std::string("window_max<") + (c.index32 ? "i32" : "i64") + "," + k + "," +
-         (c.table ? "start table" : "inline starts") + "," + cells + "," +
-         (c.disjoint ? "block per segment" : "resident blocks") + ">";
-}
-
-std::string fmp_backward_variant(const FmpBackwardChoice& c) {
-  const std::string index = c.index32 ? "i32" : "i64";
-  if (c.boxes) return "owned_boxes<" + index + ">+stray_fixup";
-  if (c.disjoint) return "tile_stores<" + index + ">+stray_fixup";
-  return "tile_counts<" + index + ">+stray_fixup";
-}
 
 // ---------------------------------------------------------------------------
 // Forward. For plane (n, c) and output cell (ot, oh, ow) of that plane:
@@ -308,10 +57,10 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 //         (val > best || isnan(val), from -inf),
 //   idx = (t * inH + h) * inW + w of that element (the window's first element if all are -inf).
 // Work items are (plane, segment) pairs, a segment being blockDim.x * kCells
-// consecutive cells of one plane (fmp_segment_threads). Each block walks a contiguous
+// consecutive cells of one plane (fmp_forward_config). Each block walks a contiguous
 // range of items: one item when the windows are disjoint (every input element is
 // loaded once: the kernel streams, and many short blocks keep DRAM busiest), else as
-// many as spread the items over kForwardWaves waves of resident blocks (overlapping
+// many as spread the items over kFmpForwardWaves waves of resident blocks (overlapping
 // windows hit L1 for most loads; the kernel is latency bound and a block's later
 // items reuse its start table). Thread j takes cells j, j + blockDim.x, ... of the
 // segment, so loads and stores coalesce. With a start table the block computes its
@@ -323,7 +72,7 @@ std::string fmp_backward_variant(const FmpBackwardChoice& c) {
 // flight; cells past the plane's end load the last cell's window and store nothing.
 // K == 0: any k, one cell per thread, scanned in loops. 64-bit indices are stored as
 // PyTorch returns them. 2d problems with K > 0 take fmp2d_forward_band_kernel instead
-// where a band of rows fits in shared memory (choose_fmp_bands). Cells are strided
+// where a band of rows fits in shared memory (fmp_forward_config). Cells are strided
 // across the threads, not run consecutively per thread: runs would make each load and
 // store instruction span several times the lines.
 
@@ -525,7 +274,7 @@ __device__ __forceinline__ void fmp_stage_range(const scalar_t* __restrict__ src
   for (IndexT i = head + nvec * kVec + threadIdx.x; i < len; i += blockDim.x) dst[shift + i] = src[i];
 }
 
-// Forward, 2d, input rows staged in shared memory (choose_fmp_bands). Block b takes
+// Forward, 2d, input rows staged in shared memory (fmp_forward_config). Block b takes
 // band (b mod bands) of plane (b / bands): output rows [o0, o0 + rows), whose windows
 // cover the input rows [r0, r1) = [start_h(o0), start_h(o0 + rows - 1) + k_h) (starts
 // never decrease along an axis), one contiguous range of the plane. The block tabulates
@@ -600,7 +349,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename scalar_t, typename IndexT, int Dims, int K>
-void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
+void launch_fmp_forward(const FmpForwardConfig& c, const FmpGeometry& g, const at::Tensor& x, const at::Tensor& samples,
                         const at::Tensor& output, const at::Tensor& indices) {
   using acc_t = at::opmath_type<scalar_t>;
   FmpForwardParams<IndexT, acc_t> p;
@@ -621,12 +370,10 @@ void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tens
   p.items = g.planes() * int64_t(p.segments);
   p.table = c.table;
   if constexpr (Dims == 2 && K > 0 && std::is_same_v<IndexT, uint32_t>) {
-    if (c.band_rows > 0) {
-      const int64_t smem = ceil_div<int64_t>((c.band_rows + g.out[2]) * int64_t(sizeof(uint32_t)), 16) * 16 +
-                           c.band_in_rows * g.in[2] * int64_t(sizeof(scalar_t)) + 16;
+    if (c.kind == FmpForwardKernel::kBands) {
       auto kernel = fmp2d_forward_band_kernel<scalar_t, acc_t, K>;
-      cuda::allow_dynamic_smem(kernel, smem);
-      kernel<<<g.planes() * c.bands, c.threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+      cuda::allow_dynamic_smem(kernel, c.smem);
+      kernel<<<c.blocks, c.threads, c.smem, c10::cuda::getCurrentCUDAStream()>>>(
           x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
           indices.mutable_data_ptr<int64_t>(), p, static_cast<uint32_t>(c.band_rows),
           static_cast<uint32_t>(c.band_in_rows), IntDivider<uint32_t>(static_cast<uint32_t>(c.bands)));
@@ -634,13 +381,13 @@ void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tens
       return;
     }
   }
-  const int64_t smem = c.table ? ((Dims == 3 ? g.out[0] : 0) + g.out[1] + g.out[2]) * int64_t(sizeof(IndexT)) : 0;
   auto kernel = fmp_forward_kernel<scalar_t, acc_t, IndexT, Dims, K>;
-  const int64_t wanted =
-      c.disjoint ? p.items : std::min(p.items, kForwardWaves * cuda::resident_groups(kernel, c.threads, 1, smem));
-  p.items_per_block = ceil_div<int64_t>(p.items, std::min<int64_t>(wanted, std::numeric_limits<int32_t>::max()));
-  const int64_t blocks = ceil_div<int64_t>(p.items, p.items_per_block);
-  kernel<<<blocks, c.threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+  FmpForwardConfig grid = c;
+  if (c.kind == FmpForwardKernel::kResidentWaves) {
+    fmp_forward_resident_grid(grid, cuda::resident_groups(kernel, c.threads, 1, c.smem));
+  }
+  p.items_per_block = grid.items_per_block;
+  kernel<<<grid.blocks, c.threads, c.smem, c10::cuda::getCurrentCUDAStream()>>>(
       x.const_data_ptr<scalar_t>(), samples.const_data_ptr<scalar_t>(), output.mutable_data_ptr<scalar_t>(),
       indices.mutable_data_ptr<int64_t>(), p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -648,10 +395,10 @@ void launch_fmp_forward(const FmpChoice& c, const FmpGeometry& g, const at::Tens
 
 // Calls launch_fmp_forward with the unrolled window of the choice.
 template <int Dims, typename scalar_t>
-void launch_fmp_forward_for(const FmpChoice& c, const FmpGeometry& g, const at::Tensor& x,
+void launch_fmp_forward_for(const FmpForwardConfig& c, const FmpGeometry& g, const at::Tensor& x,
                             const at::Tensor& samples, const at::Tensor& output, const at::Tensor& indices) {
   if (!c.index32) {
-    launch_fmp_forward<scalar_t, uint64_t, Dims, 0>(c, g, x, samples, output, indices);  // choose_fmp: k == 0
+    launch_fmp_forward<scalar_t, uint64_t, Dims, 0>(c, g, x, samples, output, indices);  // fmp_forward_config: k == 0
   } else if (c.k == 2) {
     launch_fmp_forward<scalar_t, uint32_t, Dims, 2>(c, g, x, samples, output, indices);
   } else if (c.k == 3) {
@@ -671,7 +418,7 @@ void fmp_out_cuda(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntAr
   if (output.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(self.device());
   cuda::check_device_arch(fmp_op_name(Dims, false));
-  const auto c = choose_fmp(g, self.scalar_type());
+  const auto c = fmp_forward_config(g, self.scalar_type(), cuda::device_facts());
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cuda",
@@ -705,7 +452,7 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 //
 // Tiles. Block b owns tile (b mod tiles) of plane (b / tiles): an input box
 // [x0, x1) per axis that is one contiguous range [g0, g0 + len) of the plane
-// (choose_fmp_backward). It walks, in chunks of kBwdThreads * kCellsPerThread, the
+// (fmp_backward_config). It walks, in chunks of kBwdThreads * kCellsPerThread, the
 // box of cells whose reach meets the tile (fmp_reach_cells), each cell at its place in
 // a box of the widest extents over the tiles (fmp_tile; when the box holds whole rows
 // of cells, place q is cell o0 + q); each thread loads its cells' dy and idx
@@ -732,7 +479,7 @@ std::tuple<at::Tensor, at::Tensor> fmp_cuda(const at::Tensor& self, at::IntArray
 // a contribution from outside a cell's reach costs nothing unless its element has three
 // or more.
 //
-// Disjoint windows (tile_stores; k <= alpha on every axis, choose_fmp): the forward's
+// Disjoint windows (tile_stores; k <= alpha on every axis, fmp_forward_config): the forward's
 // indices give each element at most one contribution, so fields are 1 "seen" bit:
 // the first cell to set it stores 0 + dy (0 + (-0) = +0, as an add would give) into
 // the zeroed accumulator (stored to dx with 16-byte vectors last). That accumulator
@@ -1176,7 +923,7 @@ __global__ void __launch_bounds__(kBwdThreads, fmp_bwd_blocks_per_sm(Dims, sizeo
 // kBoxCells of them in units of Cells W-adjacent cells (units j, j + kThreads, ...:
 // coalesced dy and idx loads, and stores along W that meet the next thread's) and
 // writes their boxes whole: every element once, no shared memory, no atomics. Cells > 0:
-// the boxes are 2 wide along W (choose_fmp_backward) and a unit's box row, 2 * Cells
+// the boxes are 2 wide along W (fmp_backward_config) and a unit's box row, 2 * Cells
 // elements, is one vector store (Cells = 2 needs an even out along W and dx aligned to
 // 4 elements). Cells = 0: dx not aligned to 2 elements, rows stored
 // element by element.
@@ -1352,7 +1099,6 @@ __global__ void __launch_bounds__(kThreads)
 // recomputes the flagged ones in turn. The launcher sizes groups so that about 8 blocks
 // per SM share the planes: few blocks read the flags when none is set, and many share
 // the scans when many are. Launched early: it waits for the backward kernel to end.
-constexpr int64_t kFixupBlocksPerSm = 8;
 
 template <typename scalar_t, typename acc_t>
 __global__ void __launch_bounds__(kThreads)
@@ -1398,14 +1144,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-FmpBoxAxes fmp_box_axes(const FmpGeometry& g, const FmpBackwardChoice& c) {
+FmpBoxAxes fmp_box_axes(const FmpGeometry& g, const FmpBackwardConfig& c) {
   FmpBoxAxes b;
   for (int a = 0; a < 3; ++a) b.axis[a] = {g.in[a], g.out[a], g.k[a], c.stride[a]};
   return b;
 }
 
 template <typename scalar_t, typename IndexT, int Dims>
-void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardChoice& c, const at::Tensor& dy,
+void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardConfig& c, const at::Tensor& dy,
                                const at::Tensor& idx, const at::Tensor& dx, int32_t* strays) {
   using acc_t = at::opmath_type<scalar_t>;
   FmpBoxParams<IndexT> p;
@@ -1428,7 +1174,7 @@ void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardChoice& c,
   auto kernel = cells == 2 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, kTwo>
                 : cells == 1 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, 1>
                              : fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, 0>;
-  kernel<<<static_cast<unsigned>(g.planes() * c.tiles), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<static_cast<unsigned>(c.blocks), c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1436,7 +1182,7 @@ void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardChoice& c,
 // Tile `tile` of a plane as fmp_tile computes it on the device (fmp_reach_cells is
 // first(x0)..last(x1 - 1) per axis); plane and shift unset.
 template <typename IndexT>
-FmpTile<IndexT> fmp_tile_geometry(const FmpGeometry& g, const FmpBackwardChoice& c, int64_t tile) {
+FmpTile<IndexT> fmp_tile_geometry(const FmpGeometry& g, const FmpBackwardConfig& c, int64_t tile) {
   FmpTile<IndexT> t{};
   int64_t rest = tile, x0[3], x1[3], c0[3], n[3];
   for (int a = 2; a >= 0; --a) {
@@ -1455,7 +1201,7 @@ FmpTile<IndexT> fmp_tile_geometry(const FmpGeometry& g, const FmpBackwardChoice&
 }
 
 template <typename scalar_t, typename IndexT, int Dims>
-void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const at::Tensor& dy,
+void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardConfig& c, const at::Tensor& dy,
                          const at::Tensor& idx, const at::Tensor& dx, const at::Tensor& workspace) {
   using acc_t = at::opmath_type<scalar_t>;
   FmpBwdParams<IndexT> p;
@@ -1487,7 +1233,7 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
                                 (16 / sizeof(scalar_t)));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   auto* strays = reinterpret_cast<int32_t*>(workspace.mutable_data_ptr());
-  if (c.boxes) {
+  if (c.kind == FmpBackwardKernel::kOwnedBoxes) {
     launch_fmp_backward_boxes<scalar_t, IndexT, Dims>(g, c, dy, idx, dx, strays);
   } else {
     auto kernel = c.disjoint ? (c.whole_rows ? fmp_backward_tile_kernel<scalar_t, acc_t, IndexT, Dims, true, true>
@@ -1498,27 +1244,20 @@ void launch_fmp_backward(const FmpGeometry& g, const FmpBackwardChoice& c, const
       p.table[i] = fmp_tile_geometry<IndexT>(g, c, i);
     }
     const int smem = static_cast<int>(c.smem_bytes);
-    const int64_t block_smem =  // + the static shared memory
-        smem + 8 + kLaterCap * int64_t(4 + sizeof(acc_t));
-    BARACUDA_CHECK_NOT_IMPLEMENTED(block_smem <= cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
-                                fmp_op_name(g.dims, true), ": needs ", block_smem,
-                                " bytes of shared memory per block, the device allows ",
-                                cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+    const int64_t optin = cuda::device_facts().smem_per_block_optin;
+    BARACUDA_CHECK_NOT_IMPLEMENTED(c.block_smem <= optin, fmp_op_name(g.dims, true), ": needs ", c.block_smem,
+                                   " bytes of shared memory per block, the device allows ", optin);
     cuda::allow_dynamic_smem(kernel, smem);
-    const int64_t grid = std::min<int64_t>(p.blocks, int64_t(1) << 30);
-    kernel<<<grid, kBwdThreads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
+    kernel<<<c.blocks, c.threads, smem, stream>>>(dy.const_data_ptr<scalar_t>(), idx.const_data_ptr<int64_t>(),
                                                  dx.mutable_data_ptr<scalar_t>(), strays, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // A tile kernel whose blocks hold whole planes scans its planes itself.
-  if (!c.boxes && c.tiles == 1) return;
-  const int64_t fixup_target = kFixupBlocksPerSm * cuda::num_sms();
-  const int group = static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(g.planes(), fixup_target), 1, 32));
-  const int64_t fixup_blocks = std::min(ceil_div<int64_t>(g.planes(), group), 2 * fixup_target);
+  if (!c.fixup) return;
   cuda::launch(fmp_stray_fixup_kernel<scalar_t, acc_t>,
-               {.grid = dim3(fixup_blocks), .block = dim3(kThreads), .early = true}, dy.const_data_ptr<scalar_t>(),
+               {.grid = dim3(c.fixup_blocks), .block = dim3(kThreads), .early = true}, dy.const_data_ptr<scalar_t>(),
                idx.const_data_ptr<int64_t>(), dx.mutable_data_ptr<scalar_t>(), strays, g.planes(), c.tiles,
-               g.in_plane(), g.out_plane(), group, fmp_box_axes(g, c));
+               g.in_plane(), g.out_plane(), c.fixup_group, fmp_box_axes(g, c));
 }
 
 template <int Dims>
@@ -1536,8 +1275,8 @@ void fmp_backward_out_cuda(const at::Tensor& grad_output, const at::Tensor& self
     grad_input.zero_();
     return;
   }
-  const auto c = choose_fmp_backward(g, self.scalar_type());
-  const int64_t need = fmp_backward_workspace_bytes(g, c);
+  const auto c = fmp_backward_config(g, self.scalar_type(), cuda::device_facts());
+  const int64_t need = c.workspace_bytes;
   check_workspace(op, workspace, need, 4, self.device(),
                   {{"grad_output", grad_output}, {"self", self}, {"indices", indices}, {"grad_input", grad_input}});
   const auto dy = grad_output.contiguous();
@@ -1554,22 +1293,21 @@ at::Tensor fmp_backward_cuda(const at::Tensor& grad_output, const at::Tensor& se
   const auto g = check_fmp_backward(Dims, grad_output, self, kernel_size, output_size, indices);
   auto grad_input = at::empty(self.sizes(), self.options());
   const auto workspace =
-      at::empty({fmp_backward_workspace_bytes(g, choose_fmp_backward(g, self.scalar_type()))},
+      at::empty({fmp_backward_config(g, self.scalar_type(), cuda::device_facts()).workspace_bytes},
                 self.options().dtype(at::kByte));
   fmp_backward_out_cuda<Dims>(grad_output, self, kernel_size, output_size, indices, grad_input, workspace);
   return grad_input;
 }
 
-// problem = [dims, input ndim, *input_shape, *kernel_size, *output_size]
+// The Plan's variant: the launch config, described.
 KernelChoice fmp_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto g = fmp_geometry_of_problem(false, problem);
-  return {fmp_variant(choose_fmp(g, dtype), g.dims), 0};
+  const auto v = fmp_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 KernelChoice fmp_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto g = fmp_geometry_of_problem(true, problem);
-  const auto c = choose_fmp_backward(g, dtype);
-  return {fmp_backward_variant(c), fmp_backward_workspace_bytes(g, c)};
+  const auto v = fmp_backward_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 BARACUDA_REGISTER_VARIANT("fractional_max_pool2d", c10::DeviceType::CUDA, fmp_choice);
