@@ -1,47 +1,22 @@
-// embedding_bag family, CUDA kernels.
-//
-// Bad index values on CUDA never raise (that would need a host sync) and never
-// touch memory out of bounds: a bag that holds an out-of-range index (other
-// than padding_idx), or whose offsets break the rules (offsets[0] == 0,
-// non-decreasing, <= N), is computed from its valid part only, then its whole
-// output row is set to NaN and its bag_size to -1. The backward and the
-// per_sample_weights backward skip out-of-range entries.
-#include <ATen/core/Tensor.h>
+// embedding_bag family, CUDA: the weight gradient (a stable radix sort of the positions by row, then
+// ordered sums of each row's run; no atomics).
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
-#include <string>
-#include <tuple>
 #include <type_traits>
 
-#include "baracuda/checks.h"
-#include "baracuda/cuda_utils.cuh"
-#include "baracuda/dispatch.h"
-#include "baracuda/embedding_bag.h"
-#include "baracuda/embedding_bag_options.h"
-#include "baracuda/embedding_bag_policy.h"
 #include "baracuda/variant.h"
+#include "common.cuh"
 
 namespace baracuda {
 namespace {
 
-using cuda::ceil_div;
-
-// The choice of kernel and its launch shape: embedding_bag_forward_config,
-// embedding_bag_backward_config and embedding_bag_psw_backward_config
-// (baracuda/embedding_bag_policy.h), with the device's facts.
-constexpr int kThreads = kBagThreads;
-constexpr int kUnroll = 8;          // forward: bag entries whose loads are in flight together
 constexpr int kWonWords = kBagWonWords;
-constexpr int kSweepUnroll = 8;     // backward: sorted positions whose grad rows are in flight together
+constexpr int kSweepUnroll = 8;  // sorted positions whose grad rows are in flight together
 constexpr int64_t kChunk = kBagChunk;
 constexpr int64_t kGroup = kBagGroup;
 constexpr int kWideDigitBits = kBagWideDigitBits;
@@ -84,181 +59,6 @@ int64_t sort_scratch_bytes(int64_t n, int end_bit) {
   cub::DoubleBuffer<uint32_t> k(nullptr, nullptr), v(nullptr, nullptr);
   sort_rows(nullptr, bytes, k, v, n, end_bit, nullptr);
   return static_cast<int64_t>(bytes);
-}
-
-// ---------------------------------------------------------------------------
-// Forward. One team of `team` threads per bag; each thread owns `V` adjacent
-// columns (one 16-byte vector when D allows) and walks the bag's entries in
-// position order, kUnroll entries' loads in flight at a time (kMax: max mode,
-// a separate instantiation, so that sum/mean carry no max state; both held to
-// three blocks per SM, 85 registers: max mode at one block per SM ran at 0.59 of
-// copy, at three 0.66):
-//   sum:  acc = sum_i w_i * weight[idx_i, cols]      (w_i = per_sample_weights[i] or 1)
-//   mean: acc = sum_i weight[idx_i, cols] / count     (0 when count == 0)
-//   max:  acc = weight[idx_first, cols], then replaced where weight[idx_i, cols] > acc
-// over the bag's entries with idx_i != padding_idx, accumulated in AccT. An
-// out-of-range idx_i contributes nothing and flags the bag: NaN row, bag_size -1.
-// The team also writes offset2bag for its positions (bag 0 and the last bag
-// write -1 for the positions before / after every bag).
-
-template <typename T, typename AccT, typename IndexT, int V, bool kMax>
-__global__ void __launch_bounds__(kThreads, 3)
-    bag_forward_kernel(const T* __restrict__ weight, const IndexT* __restrict__ indices,
-                       const IndexT* __restrict__ offsets, const T* __restrict__ psw, T* __restrict__ out,
-                       int64_t* __restrict__ offset2bag, int64_t* __restrict__ bag_size,
-                       int64_t* __restrict__ max_pos, BagGeometry g, int team) {
-  const int lane = threadIdx.x & (team - 1);
-  const int64_t b = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
-  if (b >= g.num_bags) return;
-  int64_t begin, end;
-  bool bad;
-  bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
-  for (int64_t i = begin + lane; i < end; i += team) offset2bag[i] = b;
-  if (b == 0) {
-    for (int64_t i = lane; i < begin; i += team) offset2bag[i] = -1;
-  }
-  if (b == g.num_bags - 1) {
-    for (int64_t i = end + lane; i < g.num_indices; i += team) offset2bag[i] = -1;
-  }
-
-  const int64_t D = g.dim;
-  const int64_t num_vecs = D / V;
-  for (int64_t cv = lane; cv < (num_vecs > 0 ? num_vecs : 1); cv += team) {
-    const bool has_col = cv < num_vecs;
-    const int64_t col = cv * V;
-    AccT acc[V];
-    int64_t pos[V];  // max mode only
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      acc[k] = AccT(0);
-      pos[k] = -1;
-    }
-    int64_t count = 0;
-    bool bag_bad = bad;
-    for (int64_t i = begin; i < end; i += kUnroll) {
-      cuda::RawVec<T, V> raw[kUnroll];
-      bool use[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const bool present = i + u < end;
-        const int64_t idx = present ? static_cast<int64_t>(indices[i + u]) : 0;
-        const bool pad = g.padding_idx >= 0 && idx == g.padding_idx;
-        const bool in_range = idx >= 0 && idx < g.num_weights;
-        bag_bad |= present && !pad && !in_range;
-        use[u] = present && !pad && in_range;
-        if (use[u] && has_col) raw[u] = cuda::load_raw<T, V>(weight + idx * D + col);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (!use[u]) continue;
-        if (has_col) {
-          const auto w = cuda::from_raw<T, V>(raw[u]);
-          if constexpr (kMax) {
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-              const AccT v = static_cast<AccT>(w.v[k]);
-              if (count == 0 || v > acc[k]) {
-                acc[k] = v;
-                pos[k] = i + u;
-              }
-            }
-          } else {
-            const AccT coef = psw != nullptr ? static_cast<AccT>(psw[i + u]) : AccT(1);
-#pragma unroll
-            for (int k = 0; k < V; ++k) acc[k] += coef * static_cast<AccT>(w.v[k]);
-          }
-        }
-        ++count;
-      }
-    }
-    if (has_col) {
-      cuda::Vec<T, V> o;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        AccT r = acc[k];
-        if (g.mode == kModeMean) r = count > 0 ? r / static_cast<AccT>(count) : AccT(0);
-        if (bag_bad) r = static_cast<AccT>(NAN);
-        o.v[k] = static_cast<T>(r);
-      }
-      cuda::store_vec<T, V>(out + b * D + col, o);
-      if constexpr (kMax) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) max_pos[b * D + col + k] = bag_bad ? -1 : pos[k];
-      }
-    }
-    if (cv == 0) bag_size[b] = bag_bad ? -1 : count;
-  }
-}
-
-EmbeddingBagProblem problem_of(const BagGeometry& g, bool per_sample_weights) {
-  return {g.num_weights, g.dim, g.num_indices, g.num_bags, g.mode, per_sample_weights};
-}
-
-template <typename T, typename AccT, typename IndexT, int V>
-void launch_bag_forward(const at::Tensor& weight, const at::Tensor& indices, const c10::optional<at::Tensor>& offsets,
-                        const at::Tensor& psw, const BagGeometry& g, const EmbeddingBagLaunchConfig& c, const at::Tensor& output,
-                        const at::Tensor& offset2bag, const at::Tensor& bag_size, const at::Tensor& max_positions) {
-  const bool is_max = g.mode == kModeMax;
-  auto* kernel = is_max ? bag_forward_kernel<T, AccT, IndexT, V, true> : bag_forward_kernel<T, AccT, IndexT, V, false>;
-  kernel<<<c.blocks, c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      weight.const_data_ptr<T>(), indices.const_data_ptr<IndexT>(),
-      offsets.has_value() ? offsets->const_data_ptr<IndexT>() : nullptr,
-      psw.defined() ? psw.const_data_ptr<T>() : nullptr, output.mutable_data_ptr<T>(),
-      offset2bag.mutable_data_ptr<int64_t>(), bag_size.mutable_data_ptr<int64_t>(),
-      is_max ? max_positions.mutable_data_ptr<int64_t>() : nullptr, g, c.team);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_in,
-                            const c10::optional<at::Tensor>& offsets_in, int64_t mode,
-                            const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
-                            int64_t padding_idx, const at::Tensor& output, const at::Tensor& offset2bag,
-                            const at::Tensor& bag_size, const at::Tensor& max_positions) {
-  const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
-                                     padding_idx);
-  check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
-  cuda::check_out_aligned(kEmbeddingBagOp, "output", output);
-  check_embedding_bag_no_overlap(weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size,
-                                 max_positions);
-  const c10::cuda::CUDAGuard guard(weight.device());
-  cuda::check_device_arch(kEmbeddingBagOp);
-  if (g.num_bags == 0) {
-    if (offset2bag.numel() > 0) offset2bag.fill_(-1);
-    return;
-  }
-  at::Tensor indices = indices_in.contiguous();
-  c10::optional<at::Tensor> offsets = offsets_in;
-  promote_indices_and_offsets(indices, offsets);
-  if (offsets.has_value()) offsets = offsets->contiguous();
-  const auto w = cuda::aligned_contiguous(weight);
-  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
-  const auto c = embedding_bag_forward_config(problem_of(g, psw.defined()), weight.scalar_type(), cuda::device_facts());
-  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_cuda", [&] {
-    BARACUDA_DISPATCH_FLOATING(weight.scalar_type(), "embedding_bag_cuda", [&] {
-      constexpr int kV = 16 / sizeof(scalar_t);
-      if (c.vec == kV) {
-        launch_bag_forward<scalar_t, acc_t, index_t, kV>(w, indices, offsets, psw, g, c, output, offset2bag,
-                                                         bag_size, max_positions);
-      } else {
-        launch_bag_forward<scalar_t, acc_t, index_t, 1>(w, indices, offsets, psw, g, c, output, offset2bag,
-                                                        bag_size, max_positions);
-      }
-    });
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cuda(
-    const at::Tensor& weight, const at::Tensor& indices, const c10::optional<at::Tensor>& offsets, int64_t mode,
-    const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset, int64_t padding_idx) {
-  const auto g = check_embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
-                                     padding_idx);
-  auto output = at::empty({g.num_bags, g.dim}, weight.options());
-  auto offset2bag = at::empty({g.num_indices}, weight.options().dtype(at::kLong));
-  auto bag_size = at::empty({g.num_bags}, weight.options().dtype(at::kLong));
-  auto max_positions = at::empty(max_positions_shape(g), weight.options().dtype(at::kLong));
-  embedding_bag_out_cuda(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx, output,
-                         offset2bag, bag_size, max_positions);
-  return {output, offset2bag, bag_size, max_positions};
 }
 
 // ---------------------------------------------------------------------------
@@ -786,6 +586,19 @@ int64_t backward_workspace_bytes(const EmbeddingBagProblem& p, c10::ScalarType d
   return embedding_bag_backward_config(p, dtype, cuda::device_facts(), scratch).workspace_bytes;
 }
 
+// The Plan's variant: the launch config, described; the workspace with CUB's sort scratch.
+KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  const auto p = embedding_bag_problem(kEmbeddingBagBackwardOp, problem);
+  const int64_t scratch =
+      bag_backward_is_trivial(p) ? 0 : sort_scratch_bytes(p.num_indices, bag_sort_key_bits(p.num_weights));
+  const auto v = embedding_bag_view(embedding_bag_backward_config(p, dtype, cuda::device_facts(), scratch));
+  return {describe(v), v.workspace_bytes};
+}
+
+BARACUDA_REGISTER_VARIANT("embedding_bag_backward", c10::DeviceType::CUDA, embedding_bag_backward_choice);
+
+}  // namespace
+
 at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
                                        const at::Tensor& bag_size, const at::Tensor& max_positions,
                                        int64_t num_weights, int64_t mode,
@@ -806,231 +619,9 @@ at::Tensor embedding_bag_backward_cuda(const at::Tensor& grad, const at::Tensor&
   return grad_weight;
 }
 
-// ---------------------------------------------------------------------------
-// d per_sample_weights[i] = <grad[bag_i], weight[indices[i]]>, 0 for padding,
-// positions in no bag and out-of-range indices. One team (<= 32 threads, in one
-// warp) per position: each thread sums its columns in order, then a fixed
-// xor-butterfly adds the team's partial sums.
-
-template <typename T, typename AccT, typename IndexT, int V>
-__global__ void __launch_bounds__(kThreads)
-    position_dot_kernel(const T* __restrict__ grad, const T* __restrict__ weight, const IndexT* __restrict__ indices,
-                        const int64_t* __restrict__ offset2bag, int64_t n, int64_t num_weights, int64_t num_bags,
-                        int64_t dim, int64_t padding_idx, T* __restrict__ out, int team) {
-  const int lane = threadIdx.x & (team - 1);
-  const int64_t i = int64_t(blockIdx.x) * (kThreads / team) + threadIdx.x / team;
-  AccT acc = 0;
-  if (i < n) {
-    const int64_t idx = static_cast<int64_t>(indices[i]);
-    const int64_t bag = offset2bag[i];
-    if (idx >= 0 && idx < num_weights && idx != padding_idx && bag >= 0 && bag < num_bags) {
-      for (int64_t col = int64_t(lane) * V; col < dim; col += int64_t(team) * V) {
-        const auto gv = cuda::load_vec<T, V>(grad + bag * dim + col);
-        const auto wv = cuda::load_vec<T, V>(weight + idx * dim + col);
-#pragma unroll
-        for (int k = 0; k < V; ++k) acc += static_cast<AccT>(gv.v[k]) * static_cast<AccT>(wv.v[k]);
-      }
-    }
-  }
-  // Every thread of the block reaches the shuffles (no early return above).
-  for (int offset = team / 2; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset, team);
-  if (i < n && lane == 0) out[i] = static_cast<T>(acc);
-}
-
-void per_sample_weights_backward_out_cuda(const at::Tensor& grad_in, const at::Tensor& weight_in,
-                                          const at::Tensor& indices_in, const at::Tensor& offset2bag_in,
-                                          int64_t mode, int64_t padding_idx,
-                                          const at::Tensor& grad_per_sample_weights) {
-  const char* op = kEmbeddingBagPswBackwardOp;
-  check_per_sample_weights_backward(grad_in, weight_in, indices_in, offset2bag_in, mode, padding_idx);
-  check_out(op, "grad_per_sample_weights", grad_per_sample_weights, indices_in.sizes(), weight_in.scalar_type(),
-            weight_in.device());
-  BARACUDA_CHECK_VALUE(grad_per_sample_weights.is_contiguous(), op, ": grad_per_sample_weights must be contiguous");
-  check_no_overlap(op, {{"grad_per_sample_weights", grad_per_sample_weights}},
-                   {{"grad", grad_in}, {"weight", weight_in}, {"indices", indices_in}, {"offset2bag", offset2bag_in}});
-  const int64_t N = indices_in.numel();
-  if (N == 0) return;
-  const c10::cuda::CUDAGuard guard(grad_in.device());
-  cuda::check_device_arch(op);
-  const auto indices = indices_in.contiguous();
-  const auto offset2bag = offset2bag_in.contiguous();
-  const auto grad = cuda::aligned_contiguous(grad_in);
-  const auto weight = cuda::aligned_contiguous(weight_in);
-  const int64_t D = weight.size(1);
-  const auto c = embedding_bag_psw_backward_config({weight.size(0), D, N, grad.size(0), mode, true},
-                                                   weight.scalar_type(), cuda::device_facts());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_psw_backward_cuda", [&] {
-    BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_psw_backward_cuda", [&] {
-      constexpr int kV = 16 / sizeof(scalar_t);
-      auto* kernel = c.vec == kV ? position_dot_kernel<scalar_t, acc_t, index_t, kV>
-                                 : position_dot_kernel<scalar_t, acc_t, index_t, 1>;
-      kernel<<<c.blocks, c.threads, 0, stream>>>(grad.const_data_ptr<scalar_t>(), weight.const_data_ptr<scalar_t>(),
-                                             indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
-                                             N, weight.size(0), grad.size(0), D, padding_idx,
-                                             grad_per_sample_weights.mutable_data_ptr<scalar_t>(), c.team);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
-}
-
-at::Tensor per_sample_weights_backward_cuda(const at::Tensor& grad, const at::Tensor& weight,
-                                            const at::Tensor& indices, const at::Tensor& offset2bag, int64_t mode,
-                                            int64_t padding_idx) {
-  check_per_sample_weights_backward(grad, weight, indices, offset2bag, mode, padding_idx);
-  auto out = at::empty(indices.sizes(), weight.options());
-  per_sample_weights_backward_out_cuda(grad, weight, indices, offset2bag, mode, padding_idx, out);
-  return out;
-}
-
-// problem = [num_embeddings, embedding_dim, num_indices, num_bags, mode, has_per_sample_weights]
-// ---------------------------------------------------------------------------
-// embedding_bag_weight_backward: F.embedding_bag's scale_grad_by_freq and sparse weight
-// gradients (the math and the entries of the sparse gradient: csrc/cpu/embedding_bag.cpp).
-// The counts are integer atomics (exact in any order); the row division reads each count once
-// per element; a sparse entry is one element of [N, D] values (the thread of column 0 also
-// writes the entry's row).
-
-constexpr int64_t kGridCap = int64_t(1) << 16;  // grid-stride loops: blocks launched at most
-
-int64_t grid_for(int64_t elements) { return std::min(ceil_div(elements, int64_t(kThreads)), kGridCap); }
-
-template <typename IndexT>
-__global__ void __launch_bounds__(kThreads)
-    count_rows_kernel(const IndexT* __restrict__ indices, int64_t n, int64_t num_weights,
-                      unsigned long long* __restrict__ counts) {
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
-    const int64_t row = static_cast<int64_t>(indices[i]);
-    if (row >= 0 && row < num_weights) atomicAdd(counts + row, 1ull);
-  }
-}
-
-template <typename T, typename AccT>
-__global__ void __launch_bounds__(kThreads)
-    divide_rows_kernel(T* __restrict__ grad_weight, const unsigned long long* __restrict__ counts, int64_t total,
-                       int64_t dim) {
-  for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k < total; k += int64_t(gridDim.x) * kThreads) {
-    const unsigned long long c = counts[k / dim];
-    if (c > 1) grad_weight[k] = static_cast<T>(static_cast<AccT>(grad_weight[k]) / static_cast<AccT>(c));
-  }
-}
-
-template <typename T, typename IndexT>
-__global__ void __launch_bounds__(kThreads)
-    sparse_entries_kernel(const T* __restrict__ grad, const IndexT* __restrict__ indices,
-                          const int64_t* __restrict__ offset2bag, const int64_t* __restrict__ bag_size,
-                          const T* __restrict__ psw, int64_t mode, int64_t padding_idx, int64_t num_weights,
-                          int64_t num_bags, int64_t dim, int64_t n, int64_t* __restrict__ rows,
-                          T* __restrict__ values) {
-  const int64_t width = dim > 0 ? dim : 1;  // with dim 0 a thread per position still writes its row
-  for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k < n * width; k += int64_t(gridDim.x) * kThreads) {
-    const int64_t i = k / width, d = k - i * width;
-    const int64_t row = static_cast<int64_t>(indices[i]), bag = offset2bag[i];
-    const bool in_range = row >= 0 && row < num_weights;
-    if (d == 0) rows[i] = in_range ? row : 0;
-    if (d >= dim) continue;
-    const bool used = in_range && row != padding_idx && bag >= 0 && bag < num_bags &&
-                      (mode != kModeMean || bag_size[bag] > 0);
-    T value = T(0);
-    if (used) {
-      const T coef = mode == kModeMean ? T(1) / static_cast<T>(bag_size[bag]) : (psw != nullptr ? psw[i] : T(1));
-      value = grad[bag * dim + d] * coef;
-    }
-    values[i * dim + d] = value;
-  }
-}
-
-at::Tensor embedding_bag_weight_backward_cuda(const at::Tensor& grad_in, const at::Tensor& indices_in,
-                                              const at::Tensor& offset2bag_in, const at::Tensor& bag_size_in,
-                                              const at::Tensor& max_positions, int64_t num_weights, int64_t mode,
-                                              const c10::optional<at::Tensor>& per_sample_weights,
-                                              int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
-  check_weight_backward_options(kEmbeddingBagWeightBackwardOp, mode, scale_grad_by_freq, sparse);
-  if (!sparse) {
-    at::Tensor grad_weight = embedding_bag_backward_cuda(grad_in, indices_in, offset2bag_in, bag_size_in,
-                                                         max_positions, num_weights, mode, per_sample_weights,
-                                                         padding_idx);
-    const int64_t n = indices_in.numel(), total = grad_weight.numel();
-    if (scale_grad_by_freq && n > 0 && total > 0) {
-      const c10::cuda::CUDAGuard guard(grad_in.device());
-      const auto stream = c10::cuda::getCurrentCUDAStream();
-      const auto indices = indices_in.contiguous();
-      const auto counts = at::zeros({num_weights}, indices.options().dtype(at::kLong));
-      auto* count_ptr = reinterpret_cast<unsigned long long*>(counts.mutable_data_ptr<int64_t>());
-      AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_weight_backward_cuda", [&] {
-        count_rows_kernel<index_t><<<grid_for(n), kThreads, 0, stream>>>(indices.const_data_ptr<index_t>(), n,
-                                                                         num_weights, count_ptr);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-      BARACUDA_DISPATCH_FLOATING(grad_weight.scalar_type(), "embedding_bag_weight_backward_cuda", [&] {
-        divide_rows_kernel<scalar_t, acc_t><<<grid_for(total), kThreads, 0, stream>>>(
-            grad_weight.mutable_data_ptr<scalar_t>(), count_ptr, total, grad_weight.size(1));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    }
-    return grad_weight;
-  }
-  check_embedding_bag_backward(grad_in, indices_in, offset2bag_in, bag_size_in, max_positions, num_weights, mode,
-                               per_sample_weights, padding_idx);
-  const c10::cuda::CUDAGuard guard(grad_in.device());
-  const int64_t dim = grad_in.size(1), n = indices_in.numel(), num_bags = grad_in.size(0);
-  const auto indices = indices_in.contiguous();
-  const auto offset2bag = offset2bag_in.contiguous();
-  const auto bag_size = bag_size_in.contiguous();
-  const auto grad = grad_in.contiguous();
-  const auto psw = per_sample_weights.has_value() ? per_sample_weights->contiguous() : at::Tensor();
-  auto rows = at::empty({1, n}, indices.options().dtype(at::kLong));
-  auto values = at::empty({n, dim}, grad.options());
-  if (n > 0) {
-    AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "embedding_bag_weight_backward_cuda", [&] {
-      BARACUDA_DISPATCH_FLOATING(grad.scalar_type(), "embedding_bag_weight_backward_cuda", [&] {
-        sparse_entries_kernel<scalar_t, index_t><<<grid_for(n * std::max<int64_t>(dim, 1)), kThreads, 0,
-                                                   c10::cuda::getCurrentCUDAStream()>>>(
-            grad.const_data_ptr<scalar_t>(), indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
-            bag_size.const_data_ptr<int64_t>(), psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, mode,
-            padding_idx, num_weights, num_bags, dim, n, rows.mutable_data_ptr<int64_t>(),
-            values.mutable_data_ptr<scalar_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    });
-  }
-  return sparse_gradient(rows, values, num_weights);
-}
-
-// The Plan's variant: the launch config, described; the backward's workspace
-// with CUB's sort scratch.
-KernelChoice embedding_bag_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto v = embedding_bag_launch_view(problem, dtype, cuda::device_facts());
-  return {describe(v), v.workspace_bytes};
-}
-
-KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto p = embedding_bag_problem(kEmbeddingBagBackwardOp, problem);
-  const int64_t scratch =
-      bag_backward_is_trivial(p) ? 0 : sort_scratch_bytes(p.num_indices, bag_sort_key_bits(p.num_weights));
-  const auto v = embedding_bag_view(embedding_bag_backward_config(p, dtype, cuda::device_facts(), scratch));
-  return {describe(v), v.workspace_bytes};
-}
-
-KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto v = embedding_bag_psw_backward_launch_view(problem, dtype, cuda::device_facts());
-  return {describe(v), v.workspace_bytes};
-}
-
-BARACUDA_REGISTER_VARIANT("embedding_bag", c10::DeviceType::CUDA, embedding_bag_choice);
-BARACUDA_REGISTER_VARIANT("embedding_bag_backward", c10::DeviceType::CUDA, embedding_bag_backward_choice);
-BARACUDA_REGISTER_VARIANT("embedding_bag_per_sample_weights_backward", c10::DeviceType::CUDA,
-                          per_sample_weights_backward_choice);
-
-}  // namespace
 }  // namespace baracuda
 
 TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("embedding_bag", &baracuda::embedding_bag_cuda);
-  m.impl("embedding_bag.out", &baracuda::embedding_bag_out_cuda);
   m.impl("embedding_bag_backward", &baracuda::embedding_bag_backward_cuda);
   m.impl("embedding_bag_backward.out", &baracuda::embedding_bag_backward_out_cuda);
-  m.impl("embedding_bag_per_sample_weights_backward", &baracuda::per_sample_weights_backward_cuda);
-  m.impl("embedding_bag_per_sample_weights_backward.out", &baracuda::per_sample_weights_backward_out_cuda);
-  m.impl("embedding_bag_weight_backward", &baracuda::embedding_bag_weight_backward_cuda);
 }
