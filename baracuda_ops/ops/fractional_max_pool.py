@@ -9,7 +9,7 @@ maximum (NaN wins) and the index its position in the plane (``h * W + w``;
 3d ``t * H * W + h * W + w``). Samples: 2d ``[..., 0] -> W, [..., 1] -> H``;
 3d ``T, H, W``. The backward is ``dx[e] = sum over o with idx[o] == e of dy[o]``
 without atomics, in a fixed order: increasing ``o`` on CPU; on CUDA the order of
-conflict-free shared-memory rounds (see csrc/cuda/fractional_max_pool.cu), which
+conflict-free shared-memory rounds (see csrc/cuda/fractional_max_pool/backward_tiles.cuh), which
 differs from increasing ``o`` only for inputs picked by three or more cells.
 """
 
