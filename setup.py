@@ -72,7 +72,7 @@ def _extension():
         )
 
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "**", "*.cu"), recursive=True))
     # CUDA 13 wheels keep cusparse.h etc. under site-packages/nvidia/cu13/include,
     # which ATen/cuda/CUDAContext.h needs.
     for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:

@@ -10,9 +10,15 @@
 #include <array>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "baracuda/alibi_policy.h"
 #include "baracuda/cpu_utils.h"
+#include "baracuda/embedding_bag_policy.h"
 #include "baracuda/errors.h"
+#include "baracuda/fractional_max_pool_policy.h"
+#include "baracuda/launch_policy.h"
+#include "baracuda/repeat_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -71,12 +77,52 @@ std::tuple<std::string, int64_t> kernel_choice(c10::string_view op, c10::Device 
   return {choice.variant, choice.workspace_bytes};
 }
 
+// The CUDA launch config that `op`'s policy returns for `problem` with the
+// recorded facts of `facts` ("h100" or "h200"), on any build: (kind, parameter
+// names, parameter values, workspace bytes).
+std::tuple<std::string, std::vector<std::string>, std::vector<int64_t>, int64_t> launch_config(
+    c10::string_view op, c10::IntArrayRef problem, c10::ScalarType dtype, c10::string_view facts) {
+  const auto& policies = launch_policies();
+  const auto it = policies.find(std::string(op));
+  BARACUDA_CHECK_NOT_IMPLEMENTED(it != policies.end(), "baracuda::_launch_config: no CUDA launch policy for ", op);
+  BARACUDA_CHECK_VALUE(facts == "h100" || facts == "h200", "baracuda::_launch_config: facts must be \"h100\" or "
+                       "\"h200\", got \"", facts, "\"");
+  const LaunchConfigView view = it->second(problem, dtype, facts == "h100" ? kH100Facts : kH200Facts);
+  std::vector<std::string> names;
+  std::vector<int64_t> values;
+  for (const auto& [name, value] : view.params) {
+    names.push_back(name);
+    values.push_back(value);
+  }
+  return {view.kind, names, values, view.workspace_bytes};
+}
+
+// Every family's launch policy, by op name (baracuda/<family>_policy.h).
+void register_launch_policies() {
+  auto& policies = launch_policies();
+  (void)policies;  // families add: policies["op"] = &op_launch_view;
+  policies["alibi"] = &alibi_launch_view;
+  policies["alibi_backward"] = &alibi_backward_launch_view;
+  policies["repeat"] = &repeat_launch_view;
+  policies["repeat_backward"] = &repeat_backward_launch_view;
+  policies["embedding_bag"] = &embedding_bag_launch_view;
+  policies["embedding_bag_backward"] = &embedding_bag_backward_launch_view;
+  policies["embedding_bag_per_sample_weights_backward"] = &embedding_bag_psw_backward_launch_view;
+  policies["fractional_max_pool2d"] = &fmp_launch_view;
+  policies["fractional_max_pool3d"] = &fmp_launch_view;
+  policies["fractional_max_pool2d_backward"] = &fmp_backward_launch_view;
+  policies["fractional_max_pool3d_backward"] = &fmp_backward_launch_view;
+}
+
 }  // namespace
 }  // namespace baracuda
 
 TORCH_LIBRARY(baracuda, m) {
   m.def("_kernel_choice(str op, Device device, int[] problem, ScalarType dtype) -> (str, int)",
         &baracuda::kernel_choice);
+  baracuda::register_launch_policies();
+  m.def("_launch_config(str op, int[] problem, ScalarType dtype, str facts) -> (str, str[], int[], int)",
+        &baracuda::launch_config);
 
   // repeat
   m.def("repeat(Tensor self, SymInt[] repeats) -> Tensor");

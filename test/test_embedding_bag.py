@@ -7,6 +7,7 @@ import baracuda_ops
 from baracuda_ops.bench.embedding_bag import zipf_indices
 from helpers import (FLOAT_DTYPES, assert_close, check_compile_matches_eager, check_vmap_matches_per_sample,
                      outputs_and_grads, poison, require_free_gpu_memory)
+from launch_configs import launch_config
 
 MODES = ("sum", "mean", "max")
 MODE_ENUM = {"sum": 0, "mean": 1, "max": 2}
@@ -485,7 +486,10 @@ def test_plan_run_writes_every_element(device, mode, dtype):
     # D = 24: 6 float32 or 3 bfloat16 16-byte vectors per row, so teams of 8 or 4 threads.
     team = 8 if dtype == torch.float32 else 4
     isa = baracuda_ops.build_info()["cpu_vector_isa"]
-    assert sku.variant == (f"cpu_bag_loop<{isa}>" if device.type == "cpu" else f"bag_gather<team{team},16B>")
+    if device.type == "cpu":
+        assert sku.variant == f"cpu_bag_loop<{isa}>"
+    config = launch_config("embedding_bag", desc.problem(), dtype)
+    assert (config.kind, config["team"], config["vec_bytes"]) == ("bag_gather", team, 16)
     assert plan.workspace_size() == 0 and plan.precision_guarantee().deterministic
 
 
@@ -501,7 +505,10 @@ def test_backward_plan_with_caller_workspace(device, mode):
                                                        per_sample_weights=psw is not None)
     plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
     assert plan.workspace_size() > 0
-    assert plan.sku().variant.startswith("cpu_counting_sort" if device.type == "cpu" else "sort_segment<")
+    if device.type == "cpu":
+        assert plan.sku().variant.startswith("cpu_counting_sort")
+    problem = [100, 32, 20000, 2000, MODE_ENUM[mode], int(psw is not None)]
+    assert launch_config("embedding_bag_backward", problem, torch.float32).kind == "sort_segment"
     gw = poison(torch.empty(100, 32, device=device))
     gpsw = poison(torch.empty(20000, device=device)) if psw is not None else None
     args = baracuda_ops.EmbeddingBagBackwardArgs(grad, idx, o2b, bag_size, max_positions, gw, psw,
@@ -537,8 +544,10 @@ def test_backward_out_writes_every_row_over_dirty_buffers(device, mode, num_weig
     grad = torch.randn_like(out)
     desc = baracuda_ops.EmbeddingBagBackwardDescriptor(num_weights, dim, (n,), off.numel(), mode, device=device)
     plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
-    if device.type == "cuda":  # the fill of unused rows starts early from 512 bytes of grad_weight per index
-        assert plan.sku().variant.endswith("early_zero_fill>" if num_weights * dim * 4 >= 512 * n else "late_zero_fill>")
+    # On CUDA the fill of unused rows starts early from 512 bytes of grad_weight per index.
+    config = launch_config("embedding_bag_backward", [num_weights, dim, n, off.numel(), MODE_ENUM[mode], 0],
+                           torch.float32)
+    assert config["early_fill"] == (num_weights * dim * 4 >= 512 * n)
     ws = baracuda_ops.Workspace.allocate(plan.workspace_size(), device)
     ws.buffer.fill_(255)
     gw = poison(torch.empty(num_weights, dim, device=device))
@@ -566,10 +575,9 @@ def test_backward_sort_key_widths(device, mode, num_weights):
     w = torch.randn(num_weights, dim, device=device)
     out, o2b, bag_size, mp = torch.ops.baracuda.embedding_bag(w, idx, off, MODE_ENUM[mode], None, False, -1)
     grad = torch.randn_like(out)
-    desc = baracuda_ops.EmbeddingBagBackwardDescriptor(num_weights, dim, (n,), off.numel(), mode, device=device)
-    if device.type == "cuda":
-        wide = num_weights in (65536, 262143)
-        assert f",radix{9 if wide else 8}," in baracuda_ops.EmbeddingBagBackwardPlan.select(desc).sku().variant
+    wide = num_weights in (65536, 262143)
+    problem = [num_weights, dim, n, off.numel(), MODE_ENUM[mode], 0]
+    assert launch_config("embedding_bag_backward", problem, torch.float32)["radix_bits"] == (9 if wide else 8)
     gw = torch.ops.baracuda.embedding_bag_backward(grad, idx, o2b, bag_size, mp, num_weights, MODE_ENUM[mode], None,
                                                    -1)
     ref, w64, _ = reference(idx, w, off, mode)

@@ -8,6 +8,7 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import FLOAT_DTYPES, TOLERANCES, assert_close, poison, random, require_free_gpu_memory
+from launch_configs import launch_config
 
 
 def _fw(dims):
@@ -21,6 +22,11 @@ def _bw(dims):
 def _torch(dims, x, k, out, s):
     f = F.fractional_max_pool2d if dims == 2 else F.fractional_max_pool3d
     return f(x, k, output_size=out, _random_samples=s, return_indices=True)
+
+
+def _config(op, dims, shape, k, out, dtype):
+    """The CUDA launch config of fractional_max_pool{dims}d{op} (recorded H200 facts)."""
+    return launch_config(f"fractional_max_pool{dims}d{op}", [dims, len(shape), *shape, *k, *out], dtype)
 
 
 def _backward_plan(dims, shape, k, out, dtype, device):
@@ -84,33 +90,36 @@ def test_forward_bit_exact_sweep(device, dims, dtype):
         assert torch.equal(y, ry), (shape, k, out)
 
 
-@pytest.mark.parametrize("dims, shape, k, out, variant", [
-    (2, (32, 64, 96, 96), (2, 2), (48, 48), "band_window_max<k=2,24 rows/band,4 cells/thread,160 threads>"),
-    (2, (8, 64, 64, 64), (3, 3), (40, 40), "band_window_max<k=3,40 rows/band,2 cells/thread,160 threads>"),
-    (2, (4, 8, 250, 250), (3, 3), (100, 100), "band_window_max<k=3,12 rows/band,2 cells/thread,160 threads>"),
-    (2, (16, 64, 96, 96), (3, 2), (47, 60), "window_max<i32,any k,start table,1 cells/thread,192 threads,resident blocks>"),
-    (2, (2, 3, 4, 9000), (2, 2), (2, 4400),
-     "window_max<i32,k=2,inline starts,4 cells/thread,224 threads,block per segment>"),
-    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16),
-     "window_max<i32,k=2,start table,4 cells/thread,256 threads,block per segment>"),
-    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10),
-     "window_max<i32,k=3,start table,2 cells/thread,160 threads,resident blocks>"),
-    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20),
-     "window_max<i32,any k,start table,1 cells/thread,224 threads,resident blocks>"),
-    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500),
-     "window_max<i32,any k,inline starts,1 cells/thread,256 threads,resident blocks>"),
+@pytest.mark.parametrize("dims, shape, k, out, kind, params", [
+    (2, (32, 64, 96, 96), (2, 2), (48, 48), "band_window_max",
+     dict(k=2, band_rows=24, cells_per_thread=4, threads=160)),
+    (2, (8, 64, 64, 64), (3, 3), (40, 40), "band_window_max",
+     dict(k=3, band_rows=40, cells_per_thread=2, threads=160)),
+    (2, (4, 8, 250, 250), (3, 3), (100, 100), "band_window_max",
+     dict(k=3, band_rows=12, cells_per_thread=2, threads=160)),
+    (2, (16, 64, 96, 96), (3, 2), (47, 60), "window_max_resident",
+     dict(index32=1, k=0, table=1, cells_per_thread=1, threads=192)),
+    (2, (2, 3, 4, 9000), (2, 2), (2, 4400), "window_max_segments",
+     dict(index32=1, k=2, table=0, cells_per_thread=4, threads=224)),
+    (3, (2, 16, 16, 32, 32), (2, 2, 2), (8, 16, 16), "window_max_segments",
+     dict(index32=1, k=2, table=1, cells_per_thread=4, threads=256)),
+    (3, (2, 8, 12, 20, 20), (3, 3, 3), (6, 10, 10), "window_max_resident",
+     dict(index32=1, k=3, table=1, cells_per_thread=2, threads=160)),
+    (3, (4, 32, 20, 40, 40), (2, 3, 2), (10, 20, 20), "window_max_resident",
+     dict(index32=1, k=0, table=1, cells_per_thread=1, threads=224)),
+    (3, (1, 2, 3, 4, 5000), (1, 2, 2), (2, 2, 4500), "window_max_resident",
+     dict(index32=1, k=0, table=0, cells_per_thread=1, threads=256)),
 ])
-def test_forward_bit_exact_large_grid(device, dims, shape, k, out, variant):
-    # Every CUDA kernel variant (the variant named is the bfloat16 one; float32 runs
-    # too, with other bands); several segments per plane, planes per block, segments
-    # that end past the plane, planes split into segments of fewer than 256 threads
-    # with no idle slot, and bands of 2d planes staged in shared memory: a whole
-    # plane, or several bands whose rows (250 elements) start off 16-byte alignment.
+def test_forward_bit_exact_large_grid(device, dims, shape, k, out, kind, params):
+    # Every CUDA kernel (the config given is the bfloat16 one; float32 runs too, with
+    # other bands); several segments per plane, planes per block, segments that end
+    # past the plane, planes split into segments of fewer than 256 threads with no idle
+    # slot, and bands of 2d planes staged in shared memory: a whole plane, or several
+    # bands whose rows (250 elements) start off 16-byte alignment.
+    config = _config("", dims, shape, k, out, torch.bfloat16)
+    assert config.kind == kind and {name: config[name] for name in params} == params
     if device.type != "cuda":
-        pytest.skip("coverage of the CUDA kernel variants; the CPU path is covered by the sweep")
-    desc = getattr(baracuda_ops, f"FractionalMaxPool{dims}dDescriptor")(shape, k, out, torch.bfloat16, device)
-    plan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dPlan").select(desc)
-    assert plan.sku().variant == variant
+        pytest.skip("coverage of the CUDA kernels; the CPU path is covered by the sweep")
     for dtype in (torch.bfloat16, torch.float32):
         x = random(shape, dtype, device)
         s = _samples(x, dims)
@@ -128,8 +137,7 @@ def test_forward_band_rows_past_their_size(device):
     if device.type != "cuda":
         pytest.skip("the CUDA band kernel's fallback")
     shape, k, out = (2, 3, 250, 250), (3, 3), (100, 100)
-    desc = baracuda_ops.FractionalMaxPool2dDescriptor(shape, k, out, torch.float32, device)
-    assert "5 rows/band" in baracuda_ops.FractionalMaxPool2dPlan.select(desc).sku().variant
+    assert _config("", 2, shape, k, out, torch.float32)["band_rows"] == 5
     x = random(shape, torch.float32, device)
     s = _samples(x, 2)
     s[0, :, 1] = 3e9
@@ -293,8 +301,8 @@ def test_backward_sweep_and_many_candidates(device, dims, dtype):
         assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu())), (shape, k, out)
     if device.type == "cuda":  # up to 64 (2d: 8 x 8) and 125 (3d: 5 x 5 x 5) candidates per element
         shape, k, out = many[0]
-        plan = _backward_plan(dims, shape, k, out, dtype, device)
-        assert plan.sku().variant == "tile_counts<i32>+stray_fixup"
+        config = _config("_backward", dims, shape, k, out, dtype)
+        assert (config.kind, config["index32"]) == ("tile_counts", 1)
 
 
 def test_backward_tiles_load_fewest_cells_then_smallest(device):
@@ -324,8 +332,7 @@ def test_64bit_indexing_matches_pytorch(device, dims, shape, k, out, dtype):
         pytest.skip("64-bit index math is a CUDA kernel variant (the CPU kernels index with int64 throughout)")
     require_free_gpu_memory(40)
     k, out = (k,) * dims, (out,) * dims
-    plan = _backward_plan(dims, shape, k, out, dtype, device)
-    assert "i64" in plan.sku().variant, plan.sku().variant
+    assert _config("_backward", dims, shape, k, out, dtype)["index32"] == 0
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=dtype, device=device)
     s = _samples(x, dims)
@@ -379,15 +386,16 @@ def _crowded_indices(x, dims, k, out):
     return i
 
 
-def _check_backward_flags(dims, x, k, out, i, variant, flags_per_plane):
+def _check_backward_flags(dims, x, k, out, i, kind, flags_per_plane):
     """The backward of random grads at indices i equals the CPU kernel's, run to run; on
-    CUDA it takes `variant` and leaves these stray flags (one block per plane)."""
+    CUDA it takes the kernel `kind` and leaves these stray flags (one block per plane)."""
     g = random(i.shape, x.dtype, x.device)
     dx = _bw(dims)(g, x, list(k), list(out), i)
     assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
     assert torch.equal(dx, _bw(dims)(g, x, list(k), list(out), i))
+    config = _config("_backward", dims, tuple(x.shape), k, out, x.dtype)
+    assert (config.kind, config["index32"]) == (kind, 1)
     if x.device.type == "cuda":
-        assert _backward_plan(dims, tuple(x.shape), k, out, x.dtype, x.device).sku().variant == variant
         dx2, flags = _backward_with_flags(dims, g, x, k, out, i)
         assert torch.equal(dx2, dx)
         assert torch.equal(flags.cpu(), flags_per_plane.flatten())
@@ -416,7 +424,7 @@ def test_backward_overlapping_counts_and_strays(device, dims):
     i[1, 0].view(-1)[-2:] = 0
     i[1, 1] = 0
     flags = torch.tensor([[0, 0], [1, 1]], dtype=torch.int32)
-    _check_backward_flags(dims, x, k, out, i, "tile_counts<i32>+stray_fixup", flags)
+    _check_backward_flags(dims, x, k, out, i, "tile_counts", flags)
     g = random(i.shape, x.dtype, device)
     assert_close(_bw(dims)(g, x, list(k), list(out), i), _scatter_reference(g, i, x.shape, dims), scale=2.0)
 
@@ -435,7 +443,7 @@ def test_backward_disjoint_windows_crowded_indices(device, dims, dtype):
     x = random(shape, dtype, device)
     scanned = torch.zeros(shape[:2], dtype=torch.int32)  # one tile per plane
     scanned[0, 1] = scanned[1, 1] = 1
-    _check_backward_flags(dims, x, k, out, _crowded_indices(x, dims, k, out), "tile_stores<i32>+stray_fixup", scanned)
+    _check_backward_flags(dims, x, k, out, _crowded_indices(x, dims, k, out), "tile_stores", scanned)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -454,7 +462,7 @@ def test_backward_owned_boxes_movers_and_strays(device, dims, dtype):
     expected = torch.zeros(shape[:2], dtype=torch.int32)  # one block per plane
     expected[0, 0] = expected[0, 1] = expected[1, 1] = 2
     expected[1, 0] = 1
-    _check_backward_flags(dims, x, k, out, i, "owned_boxes<i32>+stray_fixup", expected)
+    _check_backward_flags(dims, x, k, out, i, "owned_boxes", expected)
 
 
 @pytest.mark.parametrize("dims", [2, 3])
@@ -476,7 +484,7 @@ def test_backward_owned_boxes_moved_starts(device, dims):
         assert int((flags & 1).count_nonzero()) == 0 and int((flags == 2).count_nonzero()) > 0
 
 
-@pytest.mark.parametrize("dims, shape, k, out, variant", [
+@pytest.mark.parametrize("dims, shape, k, out, kind", [
     (2, (1, 3, 23, 22), (2, 2), (8, 11), "owned_boxes"),           # stride 3 > k along H: boxes with a gap row
     (2, (2, 2, 24, 24), (3, 2), (8, 12), "owned_boxes"),           # stride 3 = k along H
     (2, (1, 2, 30, 16), (2, 2), (8, 8), "owned_boxes"),            # stride 4 along H
@@ -484,7 +492,7 @@ def test_backward_owned_boxes_moved_starts(device, dims):
     (3, (1, 2, 3, 10, 10), (3, 2, 2), (1, 5, 5), "owned_boxes"),   # one cell along T: its box is the whole axis
     (2, (1, 3, 23, 23), (2, 2), (8, 8), "tile_stores"),            # stride 3 along W: rows of 3, the tiles
 ])
-def test_backward_owned_boxes_strides(device, dims, shape, k, out, variant):
+def test_backward_owned_boxes_strides(device, dims, shape, k, out, kind):
     # Integer strides from k to 4 (owned boxes on CUDA when the boxes are 2 wide along
     # W), forward indices, and dx written at the buffer's start and one or two elements
     # past it (box rows stored as 4-, 2- or 1-element pieces): equal to the CPU kernel.
@@ -501,8 +509,8 @@ def test_backward_owned_boxes_strides(device, dims, shape, k, out, variant):
             dx = buffer[offset:].view(shape)
             _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx, workspace=ws)
             assert torch.equal(dx.cpu(), cpu), offset
-        if device.type == "cuda":
-            assert plan.sku().variant == f"{variant}<i32>+stray_fixup"
+        config = _config("_backward", dims, shape, k, out, dtype)
+        assert (config.kind, config["index32"]) == (kind, 1)
 
 
 @pytest.mark.parametrize("dims", [2, 3])
@@ -604,8 +612,12 @@ def test_plan_run_writes_every_element(device, dims, dtype):
     assert sku.op == f"fractional_max_pool{dims}d" and sku.index_dtype == torch.int64
     # kernel sizes differ between axes: windows scanned in loops, one cell per thread;
     # 56 (2d) or 60 (3d) cells, one segment of two warps
-    cuda_variant = "window_max<i32,any k,start table,1 cells/thread,64 threads,resident blocks>"
-    assert sku.variant == ("cpu_plane_window_max" if device.type == "cpu" else cuda_variant)
+    config = _config("", dims, shape, k, out, dtype)
+    assert config.kind == "window_max_resident"
+    assert {name: config[name] for name in ("index32", "k", "table", "cells_per_thread", "threads")} == dict(
+        index32=1, k=0, table=1, cells_per_thread=1, threads=64)
+    if device.type == "cpu":
+        assert sku.variant == "cpu_plane_window_max"
     assert plan.workspace_size() == 0 and plan.precision_guarantee().accumulator_dtype == dtype
 
     bplan = getattr(baracuda_ops, f"FractionalMaxPool{dims}dBackwardPlan").select(desc)
@@ -619,7 +631,7 @@ def test_plan_run_writes_every_element(device, dims, dtype):
         assert bplan.sku().variant == "cpu_plane_ordered_scatter" and bplan.workspace_size() == 0
     else:
         # overlapping windows: a contribution count per element
-        assert bplan.sku().variant == "tile_counts<i32>+stray_fixup"
+        assert _config("_backward", dims, shape, k, out, dtype).kind == "tile_counts"
         # one int32 stray flag per tile; these planes fit one 64 KiB tile
         assert bplan.workspace_size() == shape[0] * shape[1] * 4
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):

@@ -6,6 +6,7 @@ from expecttest import TestCase
 
 import baracuda_ops
 from helpers import FLOAT_DTYPES, assert_close, poison, random, require_free_gpu_memory
+from launch_configs import RECORDED_L2_BYTES, launch_config
 
 # (input shape, repeats): plain, extra leading dims, zero repeats, zero-size input,
 # odd sizes, the benchmark layouts (bias-like, row/column/image tiling, leading expansion).
@@ -175,7 +176,7 @@ def test_backward_plan_with_caller_workspace(device, shape, repeats):
     torch.testing.assert_close(gi, torch.ops.baracuda.repeat_backward(grad, repeats, shape), rtol=0, atol=0)
     assert plan.precision_guarantee().accumulator_dtype == torch.float32
     if plan.workspace_size() > 0:
-        assert "split" in plan.sku().variant
+        assert launch_config("repeat_backward", [len(shape), *shape, *repeats], torch.float32)["splits"] > 1
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
             plan.run(baracuda_ops.RepeatBackwardArgs(grad, gi), baracuda_ops.Workspace.allocate(1, device))
         with pytest.raises(baracuda_ops.UnsupportedError):
@@ -282,16 +283,16 @@ def test_device_mismatch_cuda():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape,repeats,dtype,width", [
-    ((4, 20), (1, 2), torch.bfloat16, "8B"),  # 40-byte runs: 8-byte vectors
-    ((5, 6), (2, 3), torch.bfloat16, "4B"),
-    ((5, 6), (2, 3), torch.float32, "8B"),
-    ((5, 3), (2, 3), torch.float32, "4B"),  # odd runs: one element
-    ((5, 8), (2, 3), torch.float32, "16B"),
+    ((4, 20), (1, 2), torch.bfloat16, 8),  # 40-byte runs: 8-byte vectors
+    ((5, 6), (2, 3), torch.bfloat16, 4),
+    ((5, 6), (2, 3), torch.float32, 8),
+    ((5, 3), (2, 3), torch.float32, 4),  # odd runs: one element
+    ((5, 8), (2, 3), torch.float32, 16),
 ])
 def test_cuda_vector_width_is_the_widest_dividing_the_run(shape, repeats, dtype, width):
-    fwd = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor(shape, repeats, dtype, "cuda"))
-    bwd = baracuda_ops.RepeatBackwardPlan.select(baracuda_ops.RepeatBackwardDescriptor(shape, repeats, dtype, "cuda"))
-    assert f"<{width}," in fwd.sku().variant and f"<{width}," in bwd.sku().variant
+    problem = [len(shape), *shape, *repeats]
+    assert launch_config("repeat", problem, dtype)["vec_bytes"] == width
+    assert launch_config("repeat_backward", problem, dtype)["vec_bytes"] == width
     x = random(shape, dtype, "cuda")
     assert torch.equal(torch.ops.baracuda.repeat(x, list(repeats)), x.repeat(*repeats))
 
@@ -301,15 +302,14 @@ def test_cuda_vector_width_is_the_widest_dividing_the_run(shape, repeats, dtype,
 def test_cuda_backward_one_step_sums_take_8_byte_vectors(dtype):
     # At most 4 tiles a thread: one step of loads, 8-byte vectors; more tiles loop, 16 bytes.
     def bwd(shape, repeats):
-        desc = baracuda_ops.RepeatBackwardDescriptor(shape, repeats, dtype, "cuda")
-        return baracuda_ops.RepeatBackwardPlan.select(desc).sku().variant
+        c = launch_config("repeat_backward", [len(shape), *shape, *repeats], dtype)
+        return c["vec_bytes"], c["unroll"], c["one_step"]
 
-    fwd = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((64, 64), (2, 2), dtype, "cuda"))
-    assert "<16B," in fwd.sku().variant
-    assert "<8B," in bwd((64, 64), (2, 2)) and "unroll=4,one step" in bwd((64, 64), (2, 2))
-    assert "<8B," in bwd((64, 64), (2, 1)) and "unroll=2,one step" in bwd((64, 64), (2, 1))
+    assert launch_config("repeat", [2, 64, 64, 2, 2], dtype)["vec_bytes"] == 16
+    assert bwd((64, 64), (2, 2)) == (8, 4, 1)
+    assert bwd((64, 64), (2, 1)) == (8, 2, 1)
     for more_tiles in ((1, 5), (16, 1)):
-        assert "<16B," in bwd((64, 64), more_tiles) and "one step" not in bwd((64, 64), more_tiles)
+        assert bwd((64, 64), more_tiles)[::2] == (16, 0)
     for shape, repeats in (((64, 64), (2, 2)), ((3, 64), (1, 3)), ((7, 8, 64), (2, 1, 2)), ((5, 64), (1, 1))):
         g = random([r * s for r, s in zip(repeats, shape)], dtype, "cuda")
         ref = g.double().reshape([d for r, s in zip(repeats, shape) for d in (r, s)]).sum((0, 2, 4)[:len(shape)])
@@ -321,26 +321,25 @@ def test_cuda_backward_one_step_sums_take_8_byte_vectors(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_forward_gathers_many_tiles_past_l2(dtype):
     # Rows of >= 128 bytes are broadcast, unless 16 tiles or more make an output larger
-    # than L2: then gathered, as narrow rows are; both copy alike.
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    # than L2 (the recorded H200's): then gathered, as narrow rows are; both copy alike.
+    l2 = RECORDED_L2_BYTES
     cases = (((4096,), (8192, 1)), ((1024, 1024), (16, 1, 1)), ((8192, 1024), (4, 1)), ((64, 64), (16, 1)))
     for shape, repeats in cases:
         out_bytes = math.prod(shape) * math.prod(repeats) * dtype.itemsize
         gathered = math.prod(repeats) >= 16 and out_bytes > l2
-        plan = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor(shape, repeats, dtype, "cuda"))
-        assert plan.sku().variant.startswith("tile_gather<" if gathered else "tile_broadcast<"), (shape, repeats)
+        config = launch_config("repeat", [len(shape), *shape, *repeats], dtype)
+        assert config.kind == ("tile_gather" if gathered else "tile_broadcast"), (shape, repeats)
         x = random(shape, dtype, "cuda")
         assert torch.equal(torch.ops.baracuda.repeat(x, list(repeats)), x.repeat(*repeats))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_backward_dx_stays_in_l2_up_to_a_third_of_it():
-    # dx is stored plainly (left in L2) up to a third of L2, evict-first past it; both sum alike.
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    rows = l2 // (3 * 1024 * 4)  # float32 rows of 1024 that fit a third of L2
-    for m, policy in ((rows, "dx in l2"), (rows + 1, "dx evict_first")):
-        desc = baracuda_ops.RepeatBackwardDescriptor((m, 1024), (2, 1), torch.float32, "cuda")
-        assert policy in baracuda_ops.RepeatBackwardPlan.select(desc).sku().variant
+    # dx is stored plainly (left in L2) up to a third of L2 (the recorded H200's),
+    # evict-first past it; both sum alike.
+    rows = RECORDED_L2_BYTES // (3 * 1024 * 4)  # float32 rows of 1024 that fit a third of L2
+    for m, evict_first in ((rows, 0), (rows + 1, 1)):
+        assert launch_config("repeat_backward", [2, m, 1024, 2, 1], torch.float32)["evict_first_dx"] == evict_first
         g = random((2 * m, 1024), torch.float32, "cuda")
         dx = torch.ops.baracuda.repeat_backward(g, [2, 1], [m, 1024])
         assert torch.equal(dx, g[:m] + g[m:])
@@ -355,8 +354,7 @@ def test_cuda_64bit_index_paths():
     y = torch.ops.baracuda.repeat(x, list(reps))
     assert y.numel() > 2**31
     assert torch.equal(y, x.repeat(*reps))
-    plan = baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((1 << 16,), reps, torch.uint8, "cuda"))
-    assert "i64" in plan.sku().variant
+    assert launch_config("repeat", [1, 1 << 16, *reps], torch.uint8)["index32"] == 0
     del y
     g = torch.randn(((1 << 15) + 3) * 2, 1 << 15, device="cuda", dtype=torch.float16)
     dx = torch.ops.baracuda.repeat_backward(g, [(1 << 15) + 3, 1], [2, 1 << 15])

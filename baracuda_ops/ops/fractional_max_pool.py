@@ -9,7 +9,7 @@ maximum (NaN wins) and the index its position in the plane (``h * W + w``;
 3d ``t * H * W + h * W + w``). Samples: 2d ``[..., 0] -> W, [..., 1] -> H``;
 3d ``T, H, W``. The backward is ``dx[e] = sum over o with idx[o] == e of dy[o]``
 without atomics, in a fixed order: increasing ``o`` on CPU; on CUDA the order of
-conflict-free shared-memory rounds (see csrc/cuda/fractional_max_pool.cu), which
+conflict-free shared-memory rounds (see csrc/cuda/fractional_max_pool/backward_tiles.cuh), which
 differs from increasing ``o`` only for inputs picked by three or more cells.
 """
 
@@ -342,14 +342,17 @@ class _FractionalMaxPoolPlanBase(Plan):
 class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
     """Writes the pooled output and the int64 per-plane indices into ``args``.
 
-    Variants: CPU ``cpu_plane_window_max``. CUDA
-    ``window_max<i32|i64,k=2|k=3|any k,start table|inline starts,N cells/thread,block per
-    segment|resident blocks>``: windows unrolled when every pooled axis has kernel size 2 or 3
-    (all of a thread's window loads issued before the first compare), scanned in loops
-    otherwise; each block keeps its plane's window starts in shared memory unless the output
-    axes hold more of them than a block has cells to pool (256 to 1024); disjoint windows
-    (kernel size <= stride) get a block per segment of cells, overlapping ones spread their
-    segments over two waves of resident blocks. No workspace.
+    Variants: CPU ``cpu_plane_window_max``. CUDA: the launch config of
+    csrc/include/baracuda/fractional_max_pool_policy.h, described as ``kind<name=value,...>``.
+    ``window_max_segments`` and ``window_max_resident``: windows unrolled when every pooled
+    axis has kernel size 2 or 3 (``k``; all of a thread's window loads issued before the
+    first compare), scanned in loops otherwise (``k=0``); each block keeps its plane's window
+    starts in shared memory (``table=1``) unless the output axes hold more of them than a
+    block has cells to pool (256 to 1024); disjoint windows (kernel size <= stride) get a
+    block per segment of cells (``window_max_segments``), overlapping ones spread their
+    segments over two waves of resident blocks (``window_max_resident``).
+    ``band_window_max`` (2d): bands of output rows whose input rows are staged in shared
+    memory. ``index32=0``: 64-bit index math. No workspace.
     """
 
     def precision_guarantee(self) -> PrecisionGuarantee:
@@ -376,17 +379,18 @@ class _FractionalMaxPoolPlan(_FractionalMaxPoolPlanBase):
 class _FractionalMaxPoolBackwardPlan(_FractionalMaxPoolPlanBase):
     """Writes the gradient w.r.t. the input into ``args.grad_input`` (deterministic: bit-identical run to run).
 
-    Variants: CPU ``cpu_plane_ordered_scatter`` (no workspace). CUDA
-    ``tile_counts<i32|i64>+stray_fixup``: each block writes one tile of a plane. Each
+    Variants: CPU ``cpu_plane_ordered_scatter`` (no workspace). CUDA: the launch config of
+    csrc/include/baracuda/fractional_max_pool_policy.h, described as ``kind<name=value,...>``
+    (``index32=0``: 64-bit index math). ``tile_counts``: each block writes one tile of a plane. Each
     output cell whose window can reach the tile counts itself at the element its index
     names, and the first to reach an element stores its gradient there; an element of
     two contributions then adds the second (either order gives the same sum), one of more
     is summed again from zero over the cells that can reach it, in increasing output-cell
     order, as the CPU kernel adds (the results are bit-identical).
-    ``tile_stores<i32|i64>+stray_fixup`` when the windows are disjoint (kernel size <=
+    ``tile_stores`` when the windows are disjoint (kernel size <=
     stride on every axis): each cell stores its gradient, a shared-memory bitmap marking
     the elements already written; a second contribution to an element is added after the
-    stores. ``owned_boxes<i32|i64>+stray_fixup`` when the stride is an integer from the
+    stores. ``owned_boxes`` when the stride is an integer from the
     kernel size to 4 on every axis, and 2 (= the kernel size) along W: the boxes of
     ``stride`` elements per axis that start at each cell's window partition the plane,
     and each cell writes its box whole (its gradient at its index, zeros elsewhere; no

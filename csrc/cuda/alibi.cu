@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "baracuda/alibi.h"
+#include "baracuda/alibi_policy.h"
 #include "baracuda/checks.h"
 #include "baracuda/cuda_utils.cuh"
 #include "baracuda/dispatch.h"
@@ -25,77 +26,10 @@ namespace {
 using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
-constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // backward: vectors whose loads a thread issues together
-
-// ---------------------------------------------------------------------------
-// Choice of kernel: a pure function of the problem, used by the launchers and
-// by the Plan API (through the variant registry).
-
-struct AlibiChoice {
-  int vec_bytes;        // bytes per access: 16 when a row of K elements is a whole number of vectors
-  bool index32;         // 32-bit index math (fast division) when the tensor has < 2^31 elements
-  int segments_log2 = 0;  // backward: each row is cut into 2^segments_log2 segments (one warp each)
-  int64_t chunks = 1;   // backward: blocks per head; > 1 adds the ordered combine of the partials
-  int vectors_per_thread = 1;  // forward: 4 or 1 (choose_alibi_forward)
-};
-
-AlibiChoice choose_alibi(const AlibiShape& s, int64_t elem_bytes) {
-  const bool vec = (s.keys * elem_bytes) % 16 == 0;
-  return {vec ? 16 : static_cast<int>(elem_bytes), s.numel() < (int64_t(1) << 31)};
-}
-
-// Forward: a tensor that takes at most half the GPU's threads (2048 an SM) at 4
-// vectors a thread runs so, one wave of CTAs that issue all their loads at once;
-// a larger one takes 1 vector a thread, short CTAs whose reads and writes overlap
-// those of the CTAs before and after them. The bound lies between a decode
-// [64, 16, 1, 4096] float32 tensor (a full wave at 4 vectors, faster at 1) and its
-// bf16 half (half a wave, faster at 4).
-AlibiChoice choose_alibi_forward(const AlibiShape& s, int64_t elem_bytes) {
-  AlibiChoice c = choose_alibi(s, elem_bytes);
-  const int64_t vectors = s.numel() * elem_bytes / c.vec_bytes;
-  c.vectors_per_thread = vectors <= int64_t(cuda::num_sms()) * 2048 / 2 * 4 ? 4 : 1;
-  return c;
-}
-
-// Backward work items are (row, segment) pairs, one warp each. Rows are cut
-// into segments (a power of two, each at least one unrolled warp pass long)
-// only when whole rows give fewer warps than two waves of the GPU; the items of
-// a head are then split evenly into chunks, about two waves of blocks in all.
-AlibiChoice choose_alibi_backward(const AlibiShape& s, int64_t elem_bytes) {
-  AlibiChoice c = choose_alibi(s, elem_bytes);
-  const int64_t row_vectors = s.keys / (c.vec_bytes / elem_bytes);
-  const int64_t rows_per_head = s.batch * s.queries;
-  if (s.heads == 0 || rows_per_head == 0 || row_vectors == 0) return c;
-  const int64_t want_warps = 2 * int64_t(cuda::num_sms()) * (2048 / 32);
-  while (int64_t(32 * kUnroll) << (c.segments_log2 + 1) <= row_vectors &&
-         (s.heads * rows_per_head << c.segments_log2) < want_warps) {
-    ++c.segments_log2;
-  }
-  const int64_t items = rows_per_head << c.segments_log2;
-  const int64_t want_blocks = int64_t(cuda::num_sms()) * (2048 / kThreads) * 2;
-  int64_t chunks = std::min(ceil_div<int64_t>(want_blocks, s.heads), ceil_div<int64_t>(items, kThreads / 32));
-  chunks = std::clamp<int64_t>(chunks, 1, 65535);
-  c.chunks = ceil_div(items, ceil_div(items, chunks));
-  return c;
-}
-
-std::string alibi_variant(const AlibiChoice& c) {
-  return "bias_stream<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") +
-         ",vpt=" + std::to_string(c.vectors_per_thread) + ">";
-}
-
-std::string alibi_backward_variant(const AlibiChoice& c) {
-  std::string v = "slope_grad_rows<" + std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64") +
-                  ",segments=" + std::to_string(1 << c.segments_log2) + ">";
-  return c.chunks == 1 ? v : v + "+chunks" + std::to_string(c.chunks) + "_ordered_combine";
-}
-
-int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
-
-int64_t alibi_backward_workspace_bytes(const AlibiShape& s, const AlibiChoice& c, c10::ScalarType dtype) {
-  return c.chunks > 1 ? s.heads * c.chunks * acc_bytes_of(dtype) : 0;
-}
+// The choice of kernel and its launch shape: alibi_forward_config and
+// alibi_backward_config (baracuda/alibi_policy.h), with the device's facts.
+constexpr int kThreads = kAlibiThreads;
+constexpr int kUnroll = kAlibiUnroll;
 
 // Index math: element e of the contiguous [B, H, Q, K] tensor has j = e mod K,
 // i = (e / K) mod Q, h = (e / (K Q)) mod H. Diff holds j - i (signed).
@@ -139,14 +73,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, typename S, typename AccT, int V, typename IndexT>
-void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s, int vectors_per_thread) {
+void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s, const AlibiLaunchConfig& c) {
   const IndexT num_vectors = static_cast<IndexT>(s.numel() / V);
-  const int64_t blocks = ceil_div<int64_t>(num_vectors, kThreads * vectors_per_thread);
-  BARACUDA_CHECK_NOT_IMPLEMENTED(blocks <= std::numeric_limits<int32_t>::max(), kAlibiOp, ": ", s.numel(),
+  BARACUDA_CHECK_NOT_IMPLEMENTED(c.blocks <= std::numeric_limits<int32_t>::max(), kAlibiOp, ": ", s.numel(),
                               " elements need more than 2^31 - 1 blocks");
-  auto* kernel = vectors_per_thread == 4 ? alibi_forward_kernel<T, S, AccT, V, IndexT, 4>
-                                         : alibi_forward_kernel<T, S, AccT, V, IndexT, 1>;
-  kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  auto* kernel = c.vectors_per_thread == 4 ? alibi_forward_kernel<T, S, AccT, V, IndexT, 4>
+                                           : alibi_forward_kernel<T, S, AccT, V, IndexT, 1>;
+  kernel<<<c.blocks, c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       x, slopes, y, num_vectors, IntDivider<IndexT>(static_cast<IndexT>(s.keys)),
       IntDivider<IndexT>(static_cast<IndexT>(s.queries)), IntDivider<IndexT>(static_cast<IndexT>(s.heads)));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -155,7 +88,7 @@ void launch_alibi_forward(const T* x, const S* slopes, T* y, const AlibiShape& s
 // x and y contiguous [B, H, Q, K], 16-byte aligned; slopes contiguous [H]; numel > 0.
 void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at::Tensor& y) {
   const auto s = alibi_shape(x);
-  const auto c = choose_alibi_forward(s, x.element_size());
+  const auto c = alibi_forward_config(s, x.scalar_type(), cuda::device_facts());
   BARACUDA_DISPATCH_FLOATING(x.scalar_type(), "alibi_cuda", [&] {
     with_slope_type<scalar_t>(slopes, [&](auto* tag) {
       using slope_t = std::remove_pointer_t<decltype(tag)>;
@@ -165,11 +98,11 @@ void alibi_forward_cuda(const at::Tensor& x, const at::Tensor& slopes, const at:
       auto* yp = y.mutable_data_ptr<scalar_t>();
       const bool vec = c.vec_bytes == 16;
       if (c.index32) {
-        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint32_t>(xp, sp, yp, s, c.vectors_per_thread)
-            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint32_t>(xp, sp, yp, s, c.vectors_per_thread);
+        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint32_t>(xp, sp, yp, s, c)
+            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint32_t>(xp, sp, yp, s, c);
       } else {
-        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint64_t>(xp, sp, yp, s, c.vectors_per_thread)
-            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint64_t>(xp, sp, yp, s, c.vectors_per_thread);
+        vec ? launch_alibi_forward<scalar_t, slope_t, acc_t, kV, uint64_t>(xp, sp, yp, s, c)
+            : launch_alibi_forward<scalar_t, slope_t, acc_t, 1, uint64_t>(xp, sp, yp, s, c);
       }
     });
   });
@@ -287,7 +220,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, typename S, typename AccT, int V, typename IndexT>
 void launch_alibi_slope_grad(const T* grad, S* grad_slopes, AccT* partials, const AlibiShape& s,
-                             const AlibiChoice& c) {
+                             const AlibiLaunchConfig& c) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t row_vectors = s.keys / V;
   const int64_t items_per_head = (s.batch * s.queries) << c.segments_log2;
@@ -328,8 +261,8 @@ void alibi_backward_out_cuda(const at::Tensor& grad, const at::Tensor& slopes, s
     return;
   }
   const auto s = alibi_shape(grad);
-  const auto c = choose_alibi_backward(s, grad.element_size());
-  const int64_t need = alibi_backward_workspace_bytes(s, c, grad.scalar_type());
+  const auto c = alibi_backward_config(s, grad.scalar_type(), cuda::device_facts());
+  const int64_t need = c.workspace_bytes;
   check_workspace(kAlibiBackwardOp, workspace, need, 16, grad.device(),
                   {{"grad", grad}, {"slopes", slopes}, {"grad_scores", if_used(output_mask[0], grad_scores)},
                    {"grad_slopes", grad_slopes}});
@@ -363,24 +296,22 @@ std::tuple<at::Tensor, at::Tensor> alibi_backward_cuda(const at::Tensor& grad, c
   if (output_mask[1] && grad.numel() > 0 && slopes.numel() > 0) {
     const c10::cuda::CUDAGuard guard(grad.device());
     const auto s = alibi_shape(grad);
-    need = alibi_backward_workspace_bytes(s, choose_alibi_backward(s, grad.element_size()), grad.scalar_type());
+    need = alibi_backward_config(s, grad.scalar_type(), cuda::device_facts()).workspace_bytes;
   }
   const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
   alibi_backward_out_cuda(grad, slopes, output_mask, grad_scores, grad_slopes, workspace);
   return {grad_scores, grad_slopes};
 }
 
-// problem = [B, H, Q, K]
+// The Plan's variant: the launch config, described.
 KernelChoice alibi_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto s = alibi_shape_of_problem(kAlibiOp, problem);
-  return {alibi_variant(choose_alibi_forward(s, c10::elementSize(dtype))), 0};
+  const auto v = alibi_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 KernelChoice alibi_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto s = alibi_shape_of_problem(kAlibiBackwardOp, problem);
-  const auto c = choose_alibi_backward(s, c10::elementSize(dtype));
-  const bool empty = s.numel() == 0;
-  return {alibi_backward_variant(c), empty ? 0 : alibi_backward_workspace_bytes(s, c, dtype)};
+  const auto v = alibi_backward_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 BARACUDA_REGISTER_VARIANT("alibi", c10::DeviceType::CUDA, alibi_choice);

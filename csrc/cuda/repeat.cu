@@ -23,6 +23,7 @@
 #include "baracuda/cuda_utils.cuh"
 #include "baracuda/dispatch.h"
 #include "baracuda/repeat.h"
+#include "baracuda/repeat_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -31,115 +32,10 @@ namespace {
 using at::cuda::detail::IntDivider;
 using cuda::ceil_div;
 
-constexpr int kThreads = 256;
-constexpr int kTileLanes = 8;  // backward: warps of a block that share one vector range, splitting its tiles
-
-// ---------------------------------------------------------------------------
-// Choice of kernel: a pure function of the problem (and the GPU's SM count),
-// used by the launchers and by the Plan API through the variant registry.
-
-enum class RepeatKernel { kGather, kBroadcast };
-
-struct RepeatChoice {
-  RepeatKernel kernel = RepeatKernel::kBroadcast;
-  int vec_bytes = 16;           // bytes per access: 16, 8 or 4, the widest dividing the innermost input run, else the element
-  bool index32 = true;          // 32-bit index math (fast division) when the output has < 2^31 elements
-  int tile_lanes = 1;           // backward: warps per block splitting one vector range's tiles
-  int unroll = 4;               // backward: tile loads in flight per thread (1, 2 or 4: enough for its tiles)
-  bool one_step = false;        // backward: every thread's tiles (<= 4, no tile lanes) load in one step
-  bool evict_first_dx = true;   // backward: dx stored evict-first (st.global.cs), unless it fits a third of L2
-  int64_t splits = 1;           // grid.y: tile ranges; backward sums them in a second, ordered pass
-  int64_t tiles_per_split = 1;
-};
-
-int64_t threads_for_two_waves() { return 2 * int64_t(cuda::num_sms()) * 2048; }
-// The backward's tile-lane sums: half the threads an SM holds, one wave. Each thread
-// then sums a longer run of tiles (bias [4096] x (8192, 1): 32 tiles rather than 8
-// per bf16 thread, 33 splits rather than 128) and fewer partials are written.
-int64_t threads_for_half_wave() { return int64_t(cuda::num_sms()) * 1024; }
-
-RepeatChoice choose_common(const TiledLayout& t, int64_t elem_bytes) {
-  RepeatChoice c;
-  const int64_t s_last = t.size[t.ndim - 1];
-  c.vec_bytes = static_cast<int>(elem_bytes);
-  for (const int bytes : {16, 8, 4}) {
-    if (bytes > elem_bytes && (s_last * elem_bytes) % bytes == 0) {
-      c.vec_bytes = bytes;
-      break;
-    }
-  }
-  c.index32 = t.output_numel() < (int64_t(1) << 31);
-  c.tiles_per_split = std::max<int64_t>(t.tiles(), 1);
-  return c;
-}
-
-// Split the tiles when the vectors alone cannot fill `want` threads.
-void choose_splits(RepeatChoice& c, int64_t threads_per_split, int64_t tiles, int64_t min_tiles_per_split,
-                   int64_t want) {
-  if (tiles == 0 || threads_per_split == 0 || 2 * threads_per_split >= want) return;
-  int64_t splits = ceil_div(want, threads_per_split);
-  splits = std::clamp<int64_t>(std::min(splits, tiles / min_tiles_per_split), 1, 65535);
-  c.tiles_per_split = ceil_div(tiles, splits);
-  c.splits = ceil_div(tiles, c.tiles_per_split);
-}
-
-// Forward: rows of at least 128 bytes are broadcast (each input vector is read
-// once and stored into every tile: coalesced stores, the input read once);
-// narrower rows are gathered (each output vector finds its source: coalesced
-// stores where a broadcast warp would scatter). So are outputs of 16 tiles or
-// more that pass L2: the stores, which bound them, go one a thread in output
-// order (as Inductor's kernel), the input read from L2 after its first tile.
-// Outputs that fit L2, and 4 tiles or fewer, keep the broadcast, faster there (with
-// few tiles the gather reads an input past L2 from DRAM once per tile).
-RepeatChoice choose_repeat(const TiledLayout& t, int64_t elem_bytes) {
-  RepeatChoice c = choose_common(t, elem_bytes);
-  const bool many_tiles_past_l2 = t.tiles() >= 16 && t.output_numel() * elem_bytes > cuda::l2_bytes();
-  if (t.size[t.ndim - 1] * elem_bytes < 128 || many_tiles_past_l2) {
-    c.kernel = RepeatKernel::kGather;
-    return c;
-  }
-  choose_splits(c, t.input_numel() / (c.vec_bytes / elem_bytes), t.tiles(), 1, threads_for_two_waves());
-  return c;
-}
-
-RepeatChoice choose_repeat_backward(const TiledLayout& t, int64_t elem_bytes) {
-  RepeatChoice c = choose_common(t, elem_bytes);
-  const int64_t vectors = t.input_numel() / (c.vec_bytes / elem_bytes);
-  // Few vectors and many tiles (a bias-like sum): 8 warps share each vector range.
-  // Only then are the tiles split further (partials + ordered combine): with few
-  // tiles per vector the extra partial traffic costs more than the parallelism gains.
-  c.tile_lanes = (2 * vectors < threads_for_two_waves() && t.tiles() >= 8 * kTileLanes) ? kTileLanes : 1;
-  if (c.tile_lanes > 1) choose_splits(c, vectors * c.tile_lanes, t.tiles(), 8 * c.tile_lanes, threads_for_half_wave());
-  const int64_t per_lane = ceil_div<int64_t>(c.tiles_per_split, c.tile_lanes);
-  c.unroll = per_lane <= 1 ? 1 : (per_lane <= 2 ? 2 : 4);
-  // A thread whose tiles all load in one step takes their offsets from the host (no
-  // odometer between its loads) and 8-byte vectors instead of 16, twice the threads
-  // each half as wide, as Inductor's kernel for the same sum. With more tiles a thread
-  // loops over them, and there 16-byte vectors are faster, as with the tile lanes.
-  c.one_step = c.tile_lanes == 1 && per_lane <= 4;
-  if (c.one_step && c.vec_bytes == 16) c.vec_bytes = 8;
-  // A dx within a third of L2 is stored plainly and stays there for its reader (the
-  // grad lines, loaded evict-first, leave first). Larger ones stream out (evict-first),
-  // faster for them.
-  c.evict_first_dx = 3 * t.input_numel() * elem_bytes > cuda::l2_bytes();
-  return c;
-}
-
-std::string index_name(const RepeatChoice& c) {
-  return std::to_string(c.vec_bytes) + "B," + (c.index32 ? "i32" : "i64");
-}
-
-std::string repeat_variant(const RepeatChoice& c) {
-  if (c.kernel == RepeatKernel::kGather) return "tile_gather<" + index_name(c) + ">";
-  return "tile_broadcast<" + index_name(c) + ",splits=" + std::to_string(c.splits) + ">";
-}
-
-std::string repeat_backward_variant(const RepeatChoice& c) {
-  std::string v = "tile_sum<" + index_name(c) + ",lanes=" + std::to_string(c.tile_lanes) +
-                  ",unroll=" + std::to_string(c.unroll) + (c.one_step ? ",one step" : "") +
-                  (c.evict_first_dx ? ",dx evict_first>" : ",dx in l2>");
-  return c.splits == 1 ? v : v + "+split" + std::to_string(c.splits) + "_ordered_combine";
-}
+// The choice of kernel and its launch shape: repeat_forward_config and
+// repeat_backward_config (baracuda/repeat_policy.h), with the device's facts.
+constexpr int kThreads = kRepeatThreads;
+constexpr int kTileLanes = kRepeatTileLanes;
 
 // ---------------------------------------------------------------------------
 // Geometry on the device, on D dim slots (D = 2, 4 or 8: kernels are built for
@@ -307,7 +203,7 @@ TiledLayout words_of(TiledLayout t, int64_t elem_bytes, int64_t word_bytes) {
 }
 
 template <typename W, typename IndexT>
-void launch_repeat(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatChoice& c) {
+void launch_repeat(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatLaunchConfig& c) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto* src = static_cast<const W*>(x.const_data_ptr());
   auto* dst = static_cast<W*>(out.mutable_data_ptr());
@@ -315,16 +211,14 @@ void launch_repeat(const at::Tensor& x, const at::Tensor& out, const TiledLayout
   with_dims(words, [&](auto dims) {
     constexpr int D = decltype(dims)::value;
     const TileWalker<IndexT, D> walker(words);
-    if (c.kernel == RepeatKernel::kBroadcast) {
+    if (c.kind == RepeatKernel::kBroadcast) {
       const auto num_words = static_cast<IndexT>(words.input_numel());
-      const dim3 grid(ceil_div<int64_t>(num_words, kThreads), c.splits);
-      repeat_broadcast_kernel<W, D, IndexT><<<grid, kThreads, 0, stream>>>(
+      const dim3 grid(c.blocks, c.splits);
+      repeat_broadcast_kernel<W, D, IndexT><<<grid, c.threads, 0, stream>>>(
           src, dst, walker, num_words, static_cast<IndexT>(words.tiles()), static_cast<IndexT>(c.tiles_per_split));
     } else {
       const auto num_words = static_cast<IndexT>(words.output_numel());
-      const int64_t blocks =
-          std::min<int64_t>(ceil_div<int64_t>(num_words, kThreads), std::numeric_limits<int32_t>::max());
-      repeat_gather_kernel<W, D, IndexT><<<blocks, kThreads, 0, stream>>>(src, dst, walker, num_words);
+      repeat_gather_kernel<W, D, IndexT><<<c.blocks, c.threads, 0, stream>>>(src, dst, walker, num_words);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -332,7 +226,7 @@ void launch_repeat(const at::Tensor& x, const at::Tensor& out, const TiledLayout
 
 // Elements are moved as opaque words of the vector's width.
 template <typename IndexT>
-void launch_repeat_words(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatChoice& c) {
+void launch_repeat_words(const at::Tensor& x, const at::Tensor& out, const TiledLayout& t, const RepeatLaunchConfig& c) {
   switch (c.vec_bytes) {
     case 1: return launch_repeat<uint8_t, IndexT>(x, out, t, c);
     case 2: return launch_repeat<uint16_t, IndexT>(x, out, t, c);
@@ -352,7 +246,7 @@ void repeat_out_cuda(const at::Tensor& self, at::IntArrayRef repeats, const at::
   const c10::cuda::CUDAGuard guard(self.device());
   cuda::check_device_arch(kRepeatOp);
   const auto t = collapse_tiling(kRepeatOp, self.sizes(), repeats);
-  const auto c = choose_repeat(t, self.element_size());
+  const auto c = repeat_forward_config(t, self.scalar_type(), cuda::device_facts());
   const auto x = cuda::aligned_contiguous(self);
   c.index32 ? launch_repeat_words<uint32_t>(x, out, t, c) : launch_repeat_words<uint64_t>(x, out, t, c);
 }
@@ -377,7 +271,7 @@ at::Tensor repeat_cuda(const at::Tensor& self, at::IntArrayRef repeats) {
 // adds: a conditional load whose bf16 halves are unpacked right after it would
 // wait for the load before the next one is issued. grad is read once, with
 // streaming hints; dx is written once, evict-first when it is larger than a third
-// of L2 (choose_repeat_backward).
+// of L2 (repeat_backward_config).
 
 template <typename T, typename AccT, int V>
 __device__ __forceinline__ void add_raw(AccT (&acc)[V], const cuda::RawVec<T, V>& raw) {
@@ -491,22 +385,22 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, typename AccT, int V, typename IndexT>
 void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const at::Tensor& workspace,
-                            const TiledLayout& t, const RepeatChoice& c) {
+                            const TiledLayout& t, const RepeatLaunchConfig& c) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const IndexT n = static_cast<IndexT>(t.input_numel());
   const IndexT num_vectors = n / V;
   AccT* partials = c.splits > 1 ? reinterpret_cast<AccT*>(workspace.mutable_data_ptr()) : nullptr;
   const auto tiles = static_cast<IndexT>(t.tiles());
   const auto per_split = static_cast<IndexT>(c.tiles_per_split);
-  const dim3 grid(ceil_div<int64_t>(num_vectors, kThreads / c.tile_lanes), c.splits);
+  const dim3 grid(c.blocks, c.splits);
   const T* g = grad.const_data_ptr<T>();
   T* out = dx.mutable_data_ptr<T>();
   with_dims(t, [&](auto dims) {
     constexpr int D = decltype(dims)::value;
     const TileWalker<IndexT, D> w(t);
-    // Past one step (more than 4 tiles a thread, or tile lanes) U = 4 (choose_repeat_backward).
+    // Past one step (more than 4 tiles a thread, or tile lanes) U = 4 (repeat_backward_config).
     const auto run = [&](auto kernel) {
-      kernel<<<grid, kThreads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
+      kernel<<<grid, c.threads, 0, stream>>>(g, out, partials, w, num_vectors, tiles, per_split, c.evict_first_dx);
     };
     if (c.tile_lanes == kTileLanes) {
       run(repeat_tile_sum_kernel<T, AccT, V, kTileLanes, D, 4, IndexT, false>);
@@ -522,8 +416,8 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   if (partials != nullptr) {
-    const int64_t blocks = ceil_div<int64_t>(n, kThreads / kTileLanes);
-    cuda::launch(repeat_combine_kernel<T, AccT, IndexT>, {.grid = dim3(blocks), .block = dim3(kThreads), .early = true},
+    cuda::launch(repeat_combine_kernel<T, AccT, IndexT>,
+                 {.grid = dim3(c.combine_blocks), .block = dim3(c.threads), .early = true},
                  partials, dx.mutable_data_ptr<T>(), n, static_cast<IndexT>(c.splits));
   }
 }
@@ -531,7 +425,7 @@ void launch_repeat_tile_sum(const at::Tensor& grad, const at::Tensor& dx, const 
 // V = c.vec_bytes / sizeof(T) elements per vector: 16, 8 or 4 bytes, or one element.
 template <typename T, typename AccT, typename IndexT>
 void launch_repeat_tile_sum_vectors(const at::Tensor& grad, const at::Tensor& dx, const at::Tensor& workspace,
-                                    const TiledLayout& t, const RepeatChoice& c) {
+                                    const TiledLayout& t, const RepeatLaunchConfig& c) {
   const auto with_v = [&](auto v) {
     constexpr int V = decltype(v)::value;
     if constexpr (V * sizeof(T) <= 16) launch_repeat_tile_sum<T, AccT, V, IndexT>(grad, dx, workspace, t, c);
@@ -542,13 +436,6 @@ void launch_repeat_tile_sum_vectors(const at::Tensor& grad, const at::Tensor& dx
     case 2: return with_v(std::integral_constant<int, 2>{});
     default: return with_v(std::integral_constant<int, 1>{});
   }
-}
-
-int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
-
-int64_t repeat_backward_workspace_bytes(const TiledLayout& t, const RepeatChoice& c, c10::ScalarType dtype) {
-  const bool empty = t.input_numel() == 0 || t.tiles() == 0;
-  return c.splits > 1 && !empty ? c.splits * t.input_numel() * acc_bytes_of(dtype) : 0;
 }
 
 void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, at::IntArrayRef input_shape,
@@ -565,8 +452,8 @@ void repeat_backward_out_cuda(const at::Tensor& grad, at::IntArrayRef repeats, a
     return;
   }
   const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
-  const auto c = choose_repeat_backward(t, grad.element_size());
-  const int64_t need = repeat_backward_workspace_bytes(t, c, grad.scalar_type());
+  const auto c = repeat_backward_config(t, grad.scalar_type(), cuda::device_facts());
+  const int64_t need = c.workspace_bytes;
   check_workspace(kRepeatBackwardOp, workspace, need, 16, grad.device(),
                   {{"grad", grad}, {"grad_input", grad_input}});
   const auto g = cuda::aligned_contiguous(grad);
@@ -581,32 +468,21 @@ at::Tensor repeat_backward_cuda(const at::Tensor& grad, at::IntArrayRef repeats,
   auto grad_input = at::empty(input_shape, grad.options());
   const c10::cuda::CUDAGuard guard(grad.device());
   const auto t = collapse_tiling(kRepeatBackwardOp, input_shape, repeats);
-  const int64_t need =
-      repeat_backward_workspace_bytes(t, choose_repeat_backward(t, grad.element_size()), grad.scalar_type());
+  const int64_t need = repeat_backward_config(t, grad.scalar_type(), cuda::device_facts()).workspace_bytes;
   const auto workspace = at::empty({need}, grad.options().dtype(at::kByte));
   repeat_backward_out_cuda(grad, repeats, input_shape, grad_input, workspace);
   return grad_input;
 }
 
-// problem = [input dims, *input_shape, *repeats]
-TiledLayout layout_of_problem(const char* op, c10::IntArrayRef problem) {
-  BARACUDA_CHECK_VALUE(!problem.empty() && problem[0] >= 0 && int64_t(problem.size()) >= 1 + problem[0], op,
-                    ": malformed problem ", shape_str(problem));
-  const auto input_shape = problem.slice(1, problem[0]);
-  const auto repeats = problem.slice(1 + problem[0]);
-  repeat_output_shape(op, input_shape, repeats);
-  return collapse_tiling(op, input_shape, repeats);
-}
-
+// The Plan's variant: the launch config, described.
 KernelChoice repeat_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto t = layout_of_problem(kRepeatOp, problem);
-  return {repeat_variant(choose_repeat(t, c10::elementSize(dtype))), 0};
+  const auto v = repeat_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 KernelChoice repeat_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  const auto t = layout_of_problem(kRepeatBackwardOp, problem);
-  const auto c = choose_repeat_backward(t, c10::elementSize(dtype));
-  return {repeat_backward_variant(c), repeat_backward_workspace_bytes(t, c, dtype)};
+  const auto v = repeat_backward_launch_view(problem, dtype, cuda::device_facts());
+  return {describe(v), v.workspace_bytes};
 }
 
 BARACUDA_REGISTER_VARIANT("repeat", c10::DeviceType::CUDA, repeat_choice);

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "baracuda/errors.h"
+#include "baracuda/launch_policy.h"
 
 #include <algorithm>
 #include <array>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -184,6 +186,36 @@ inline int device_attribute(cudaDeviceAttr attr) {
 
 inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 inline int64_t l2_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
+
+// The current device's facts for the launch policies (baracuda/launch_policy.h),
+// read once per device. The copy-bandwidth class is not an attribute: an sm_90
+// part with more than 100 GB of memory is taken as an H200 (HBM3e), other sm_90
+// parts as an H100.
+inline const DeviceFacts& device_facts() {
+  static std::mutex mutex;
+  static std::array<std::optional<DeviceFacts>, C10_COMPILE_TIME_MAX_GPUS> cache;
+  const int dev = c10::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = cache[dev];
+  if (!slot) {
+    DeviceFacts f;
+    f.cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+    f.cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
+    f.num_sms = num_sms();
+    f.l2_bytes = l2_bytes();
+    f.smem_per_block_optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    f.smem_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+    f.max_threads_per_sm = device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor);
+    f.regs_per_sm = device_attribute(cudaDevAttrMaxRegistersPerMultiprocessor);
+    if (f.cc_major == 9 && f.cc_minor == 0) {
+      size_t free_bytes = 0, total_bytes = 0;
+      C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      f.dram_bytes_per_s = total_bytes > (size_t(100) << 30) ? kH200Facts.dram_bytes_per_s : kH100Facts.dram_bytes_per_s;
+    }
+    slot = f;
+  }
+  return *slot;
+}
 
 #ifndef BARACUDA_CUDA_ARCHS
 #define BARACUDA_CUDA_ARCHS "(unknown)"

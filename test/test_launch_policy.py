@@ -1,0 +1,223 @@
+"""The CUDA launch policies of repeat, alibi, embedding_bag and fractional_max_pool as data
+(csrc/include/baracuda/<family>_policy.h): every branch of every policy, run on CPU with the
+recorded facts of an H100 and an H200, asserting on the config's fields. The configs pinned
+here are what the launchers pick on an H200."""
+
+import pytest
+import torch
+
+import baracuda_ops
+from launch_configs import LaunchConfig, device_has_recorded_facts, launch_config
+
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+
+# (op, problem, dtype, kind, params the case pins, workspace bytes)
+CASES = [
+    # alibi: [B, H, Q, K]. Decode bf16: half a wave at 4 vectors a thread; its float32 twin,
+    # past half the GPU's threads, takes 1. Odd K: one element a vector. Past 2^31: i64.
+    ("alibi", [64, 16, 1, 4096], BF16, "bias_stream",
+     dict(vec_bytes=16, index32=1, threads=256, vectors_per_thread=4, blocks=512), 0),
+    ("alibi", [64, 16, 1, 4096], F32, "bias_stream", dict(vec_bytes=16, vectors_per_thread=1, blocks=4096), 0),
+    ("alibi", [2, 3, 4, 5], F32, "bias_stream", dict(vec_bytes=4, index32=1, vectors_per_thread=4, blocks=1), 0),
+    ("alibi", [1, 1, 2048, 1048576], F16, "bias_stream", dict(index32=0, vectors_per_thread=1, blocks=1048576), 0),
+    # alibi_backward: chunks of a head's rows (partials in the workspace), rows cut into
+    # segments when whole rows give too few warps, nothing to cut without heads or rows.
+    ("alibi_backward", [2, 20, 64, 256], F32, "slope_grad_rows",
+     dict(vec_bytes=16, index32=1, threads=256, segments=1, chunks=16), 20 * 16 * 4),
+    ("alibi_backward", [8, 32, 1024, 1024], BF16, "slope_grad_rows", dict(segments=1, chunks=66), 32 * 66 * 4),
+    ("alibi_backward", [2, 3, 4, 5], F32, "slope_grad_rows", dict(vec_bytes=4, segments=1, chunks=1), 0),
+    ("alibi_backward", [2, 0, 4, 8], F32, "slope_grad_rows", dict(segments=1, chunks=1), 0),
+    ("alibi_backward", [1, 1, 1, 8192], F64, "slope_grad_rows", dict(segments=32, chunks=4), 4 * 8),
+    ("alibi_backward", [1, 1, 2048, 1048576], F16, "slope_grad_rows",
+     dict(index32=0, segments=16, chunks=2048), 2048 * 4),
+    # repeat: [ndim, *shape, *repeats]. Narrow rows gather; 16+ tiles past L2 gather; rows
+    # of 128 bytes or more broadcast, their tiles split when the input is small.
+    ("repeat", [2, 4, 8, 2, 2], F32, "tile_gather", dict(vec_bytes=16, index32=1, blocks=1), 0),
+    ("repeat", [1, 4096, 8192, 1], BF16, "tile_gather", dict(vec_bytes=16, blocks=16384), 0),
+    ("repeat", [2, 1024, 1024, 32, 1], F32, "tile_gather", dict(blocks=32768), 0),
+    ("repeat", [2, 1024, 1024, 2, 2], F32, "tile_broadcast", dict(blocks=1024, splits=2, tiles_per_split=2), 0),
+    ("repeat", [1, 4096, 4], F32, "tile_broadcast", dict(blocks=4, splits=4, tiles_per_split=1), 0),
+    ("repeat", [2, 64, 3, 1, 8], F16, "tile_gather", dict(vec_bytes=2, blocks=6), 0),
+    ("repeat", [1, 100, 3], F64, "tile_broadcast", dict(vec_bytes=16, splits=3), 0),
+    ("repeat", [1, 50000, 50000], BF16, "tile_gather", dict(index32=0, blocks=1220704), 0),
+    # repeat_backward: tile lanes and split partials for a bias-like sum, tile lanes alone
+    # when the tiles are too few to split, one-step sums (8-byte vectors, unroll 1, 2 or 4),
+    # looped sums, dx kept in L2 or streamed out.
+    ("repeat_backward", [1, 4096, 8192, 1], BF16, "tile_sum",
+     dict(vec_bytes=16, blocks=16, splits=33, tiles_per_split=249, tile_lanes=8, unroll=4, one_step=0,
+          evict_first_dx=0, combine_blocks=128), 33 * 4096 * 4),
+    ("repeat_backward", [1, 4096, 64], F32, "tile_sum", dict(splits=1, tile_lanes=8, combine_blocks=0), 0),
+    ("repeat_backward", [1, 4096, 1], F32, "tile_sum", dict(vec_bytes=8, tile_lanes=1, unroll=1, one_step=1), 0),
+    ("repeat_backward", [2, 1024, 1024, 2, 1], F32, "tile_sum",
+     dict(vec_bytes=8, blocks=2048, tile_lanes=1, unroll=2, one_step=1, evict_first_dx=0), 0),
+    ("repeat_backward", [2, 1024, 1024, 3, 1], F32, "tile_sum", dict(vec_bytes=8, unroll=4, one_step=1), 0),
+    ("repeat_backward", [2, 4096, 4096, 8, 1], BF16, "tile_sum",
+     dict(vec_bytes=16, blocks=8192, tile_lanes=1, unroll=4, one_step=0, evict_first_dx=1), 0),
+    ("repeat_backward", [1, 3, 5], F32, "tile_sum", dict(vec_bytes=4, tiles_per_split=5, one_step=0), 0),
+    # embedding_bag: [num_embeddings, dim, num_indices, num_bags, mode, has_psw]
+    ("embedding_bag", [1000, 64, 4096, 128, 0, 0], F32, "bag_gather", dict(team=16, vec_bytes=16, blocks=8), 0),
+    ("embedding_bag", [1000, 7, 4096, 128, 1, 0], BF16, "bag_gather", dict(team=8, vec_bytes=2, blocks=4), 0),
+    ("embedding_bag", [1000, 1024, 4096, 128, 2, 1], F32, "bag_gather", dict(team=256, blocks=128), 0),
+    # embedding_bag_backward (workspace without CUB's sort scratch): late and early fills,
+    # 8- and 9-bit sort digits, max mode with and without the won words staged, and a
+    # problem with nothing to sum.
+    ("embedding_bag_backward", [1000, 64, 4096, 128, 0, 0], F32, "sort_segment",
+     dict(team=16, radix_bits=8, early_fill=0, fill_blocks=4, fill_threads=256, sweep_threads=256, sweep_blocks=4,
+          stage_won=0, sweep_smem=16384), 103936),
+    ("embedding_bag_backward", [200000, 128, 8192, 512, 1, 0], BF16, "sort_segment",
+     dict(radix_bits=9, early_fill=1, fill_blocks=66, fill_threads=1024), 1264384),
+    ("embedding_bag_backward", [100000, 64, 1000000, 8192, 2, 0], F32, "sort_segment",
+     dict(radix_bits=9, early_fill=0, fill_blocks=264, stage_won=1, sweep_smem=24576, sweep_blocks=977), 32625152),
+    ("embedding_bag_backward", [100000, 2048, 100000, 8192, 2, 0], F32, "sort_segment",
+     dict(team=256, early_fill=1, fill_blocks=98, stage_won=1, sweep_smem=17408), 53702144),
+    ("embedding_bag_backward", [1000, 8192, 100, 10, 2, 0], F32, "sort_segment",
+     dict(team=256, stage_won=0, sweep_smem=64 * (3 * 4 + 4)), None),
+    ("embedding_bag_backward", [1000, 3, 10, 2, 0, 1], F64, "sort_segment",
+     dict(team=4, vec_bytes=8, early_fill=1, fill_blocks=1, sweep_threads=128, sweep_smem=40960), 6656),
+    ("embedding_bag_backward", [0, 64, 10, 2, 0, 0], F32, "sort_segment", dict(team=16, sweep_blocks=0), 0),
+    ("embedding_bag_per_sample_weights_backward", [1000, 64, 4096, 128, 0, 1], F32, "position_dot",
+     dict(team=16, vec_bytes=16, blocks=256), 0),
+    ("embedding_bag_per_sample_weights_backward", [1000, 1024, 4096, 128, 0, 1], F16, "position_dot",
+     dict(team=32, blocks=512), 0),
+    ("embedding_bag_per_sample_weights_backward", [1000, 5, 4096, 128, 0, 1], F32, "position_dot",
+     dict(team=8, vec_bytes=4, blocks=128), 0),
+    # fractional_max_pool: [dims, ndim, *input_shape, *kernel_size, *output_size]. Bands of
+    # rows staged (2d, unrolled windows), blocks per segment (disjoint windows), waves of
+    # resident blocks (overlapping windows; the grid comes from the kernel's occupancy),
+    # windows scanned in loops with inline starts, 64-bit index math.
+    ("fractional_max_pool2d", [2, 4, 8, 16, 112, 112, 2, 2, 56, 56], F32, "band_window_max",
+     dict(k=2, threads=224, cells_per_thread=4, band_rows=14, band_in_rows=30, bands=4, smem=13744, blocks=512), 0),
+    ("fractional_max_pool2d", [2, 4, 8, 16, 112, 112, 3, 3, 80, 80], F32, "band_window_max",
+     dict(k=3, threads=160, cells_per_thread=2, band_rows=20, band_in_rows=31, bands=4), 0),
+    ("fractional_max_pool3d", [3, 5, 2, 4, 16, 32, 32, 2, 2, 2, 8, 16, 16], BF16, "window_max_segments",
+     dict(index32=1, k=2, table=1, threads=256, cells_per_thread=4, smem=160, items=16, blocks=16), 0),
+    ("fractional_max_pool2d", [2, 4, 2, 3, 50000, 100, 2, 3, 20000, 50], F32, "window_max_resident",
+     dict(k=0, table=0, threads=256, cells_per_thread=1, smem=0, items=23442, waves=2), 0),
+    ("fractional_max_pool2d", [2, 4, 1, 1, 2000, 2000, 3, 3, 1000, 1000], F32, "window_max_resident",
+     dict(k=3, table=0, cells_per_thread=2, items=1954), 0),
+    ("fractional_max_pool2d", [2, 4, 1, 1, 50000, 50000, 2, 2, 100, 100], F32, "window_max_segments",
+     dict(index32=0, k=0, table=1, cells_per_thread=1, smem=200 * 8), 0),
+    # fractional_max_pool backward: owned boxes (integer strides), tile counts over one or
+    # more tiles a plane (a stray fixup past one), tiles shrunk to fit the shared memory,
+    # tile stores (disjoint windows), 64-bit index math, and an empty batch.
+    ("fractional_max_pool2d_backward", [2, 4, 8, 16, 112, 112, 2, 2, 56, 56], F32, "owned_boxes",
+     dict(index32=1, blocks=512, block_cells=784, stride_h=2, stride_w=2, fixup_group=1, fixup_blocks=128), 2048),
+    ("fractional_max_pool2d_backward", [2, 4, 8, 16, 112, 112, 3, 3, 56, 56], F32, "tile_counts",
+     dict(blocks=256, tile_h=56, tile_w=112, tiles=2, box_cells=1624, whole_rows=1, smem=50112, fixup_blocks=128),
+     1024),
+    ("fractional_max_pool2d_backward", [2, 4, 8, 16, 20, 20, 3, 3, 10, 10], F32, "tile_counts",
+     dict(tiles=1, smem=3200, fixup_group=0, fixup_blocks=0), 512),
+    ("fractional_max_pool3d_backward", [3, 5, 8, 32, 32, 64, 64, 3, 3, 3, 16, 32, 32], F32, "tile_counts",
+     dict(tile_t=2, tile_h=64, tile_w=64, tiles=16, box_cells=3072, smem=72736, fixup_blocks=256), 16384),
+    ("fractional_max_pool3d_backward", [3, 5, 8, 32, 32, 64, 64, 2, 2, 2, 16, 32, 32], F32, "owned_boxes",
+     dict(blocks=4096, block_cells=1024, stride_t=2, stride_h=2, stride_w=2), 16384),
+    ("fractional_max_pool2d_backward", [2, 4, 8, 16, 9, 12, 3, 3, 3, 4], BF16, "tile_stores",
+     dict(tiles=1, box_cells=12, smem=256, fixup_blocks=0), 512),
+    ("fractional_max_pool2d_backward", [2, 4, 1, 1, 50000, 50000, 2, 2, 100, 100], F32, "tile_stores",
+     dict(index32=0), None),
+    ("fractional_max_pool2d_backward", [2, 4, 70000, 1, 100, 100, 2, 2, 50, 50], F32, "owned_boxes",
+     dict(blocks=210000, fixup_group=32, fixup_blocks=2112), 840000),
+    ("fractional_max_pool2d_backward", [2, 4, 0, 16, 112, 112, 2, 2, 56, 56], F32, "owned_boxes",
+     dict(blocks=0, fixup_blocks=0), 0),
+]
+
+def _id(case):
+    op, problem, dtype = case[:3]
+    return f"{op}-{'x'.join(map(str, problem))}-{str(dtype).removeprefix('torch.')}"
+
+
+@pytest.mark.parametrize("facts", ["h100", "h200"])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_policy_picks(case, facts):
+    op, problem, dtype, kind, params, workspace = case
+    config = launch_config(op, problem, dtype, facts)
+    assert config.kind == kind
+    assert {name: config[name] for name in params} == params
+    if workspace is not None:
+        assert config.workspace_bytes == workspace
+
+
+def test_h100_and_h200_facts_give_the_same_configs():
+    # The facts differ only in DRAM bandwidth, which none of these policies reads.
+    for op, problem, dtype, *_ in CASES:
+        assert launch_config(op, problem, dtype, "h100") == launch_config(op, problem, dtype, "h200"), op
+
+
+def test_every_kind_is_reached():
+    kinds = {(op, kind) for op, _, _, kind, _, _ in CASES}
+    assert kinds == {
+        ("alibi", "bias_stream"), ("alibi_backward", "slope_grad_rows"),
+        ("repeat", "tile_gather"), ("repeat", "tile_broadcast"), ("repeat_backward", "tile_sum"),
+        ("embedding_bag", "bag_gather"), ("embedding_bag_backward", "sort_segment"),
+        ("embedding_bag_per_sample_weights_backward", "position_dot"),
+        ("fractional_max_pool2d", "band_window_max"), ("fractional_max_pool2d", "window_max_resident"),
+        ("fractional_max_pool2d", "window_max_segments"), ("fractional_max_pool3d", "window_max_segments"),
+        ("fractional_max_pool2d_backward", "owned_boxes"), ("fractional_max_pool2d_backward", "tile_counts"),
+        ("fractional_max_pool2d_backward", "tile_stores"), ("fractional_max_pool3d_backward", "tile_counts"),
+        ("fractional_max_pool3d_backward", "owned_boxes"),
+    }
+
+
+def test_fractional_max_pool_3d_ops_share_the_policy():
+    problem = [3, 5, 2, 4, 16, 32, 32, 2, 2, 2, 8, 16, 16]
+    assert launch_config("fractional_max_pool3d", problem, F32).kind == "window_max_segments"
+    assert launch_config("fractional_max_pool3d_backward", problem, F32).kind == "owned_boxes"
+
+
+def test_describe_is_kind_and_params_in_order():
+    config = launch_config("alibi", [64, 16, 1, 4096], BF16)
+    assert list(config.params) == ["vec_bytes", "index32", "threads", "vectors_per_thread", "blocks"]
+    assert config.describe() == LaunchConfig(config.kind, config.params, 0).describe()
+
+
+@pytest.mark.parametrize("op, problem, message", [
+    ("alibi", [1, 2, 3], "baracuda::alibi: problem must be [B, H, Q, K], got [1, 2, 3]"),
+    ("repeat", [3, 4], "baracuda::repeat: malformed problem [3, 4]"),
+    ("repeat_backward", [2, 4, 5, 3], "baracuda::repeat_backward: repeats [3] has 1 entries"),
+    ("embedding_bag_backward", [1, 2, 3], "baracuda::embedding_bag_backward: malformed problem [1, 2, 3]"),
+    ("fractional_max_pool2d", [4, 1], "baracuda::fractional_max_pool: malformed problem [4, 1]"),
+])
+def test_malformed_problems_are_value_errors(op, problem, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        launch_config(op, problem, F32)
+
+
+def test_embedding_bag_backward_past_uint32_is_not_implemented():
+    with pytest.raises(NotImplementedError, match="baracuda::embedding_bag_backward: the CUDA kernel needs"):
+        launch_config("embedding_bag_backward", [1 << 32, 8, 10, 2, 0, 0], F32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not baracuda_ops.build_info()["cuda"],
+                    reason="needs a CUDA device and the CUDA build")
+def test_plan_variant_is_the_launch_config():
+    # On a device the policies see as the recorded H100/H200, the Plan's variant and
+    # workspace are the recorded config's (the embedding_bag backward's workspace adds
+    # CUB's sort scratch, which only the CUDA build knows).
+    device = torch.device("cuda")
+    if not device_has_recorded_facts(device):
+        pytest.skip("the device's facts are not the recorded ones")
+    plans = [
+        ("alibi", baracuda_ops.AlibiPlan.select(baracuda_ops.AlibiDescriptor((2, 20, 64, 256), F32, F32, device)),
+         [2, 20, 64, 256], F32),
+        ("alibi_backward", baracuda_ops.AlibiBackwardPlan.select(
+            baracuda_ops.AlibiBackwardDescriptor((2, 20, 64, 256), F32, F32, device)), [2, 20, 64, 256], F32),
+        ("repeat", baracuda_ops.RepeatPlan.select(baracuda_ops.RepeatDescriptor((1024, 1024), (2, 2), F32, device)),
+         [2, 1024, 1024, 2, 2], F32),
+        ("repeat_backward", baracuda_ops.RepeatBackwardPlan.select(
+            baracuda_ops.RepeatBackwardDescriptor((4096,), (8192, 1), BF16, device)), [1, 4096, 8192, 1], BF16),
+        ("fractional_max_pool2d", baracuda_ops.FractionalMaxPool2dPlan.select(
+            baracuda_ops.FractionalMaxPool2dDescriptor((8, 16, 112, 112), (2, 2), (56, 56), F32, device)),
+         [2, 4, 8, 16, 112, 112, 2, 2, 56, 56], F32),
+        ("fractional_max_pool2d_backward", baracuda_ops.FractionalMaxPool2dBackwardPlan.select(
+            baracuda_ops.FractionalMaxPool2dDescriptor((8, 16, 112, 112), (3, 3), (56, 56), F32, device)),
+         [2, 4, 8, 16, 112, 112, 3, 3, 56, 56], F32),
+    ]
+    for op, plan, problem, dtype in plans:
+        config = launch_config(op, problem, dtype)
+        assert plan.sku().variant == config.describe(), op
+        assert plan.workspace_size() == config.workspace_bytes, op
+    desc = baracuda_ops.EmbeddingBagBackwardDescriptor(100000, 64, (1000000,), 8192, "max", device=device)
+    plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
+    config = launch_config("embedding_bag_backward", [100000, 64, 1000000, 8192, 2, 0], F32)
+    assert plan.sku().variant == config.describe()
+    assert plan.workspace_size() > config.workspace_bytes
