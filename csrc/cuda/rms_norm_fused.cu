@@ -10,7 +10,7 @@
 //   Forward: h = R(x + r) is written once and kept (as stored) in registers, so x and
 //   r are read once; rstd = 1 / sqrt(mean(h^2) + eps), y = fused_output(h, rstd, w).
 //   rms_norm_quant: the same rows, then (dynamic scale) the row's max |y|, and q.
-//   Backward: dy, h (and dres) in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
+//   Backward: dy and h in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
 //   k = rstd^3 * sum(g * h) / N. A thread's dW columns are the same for every row it
 //   visits: it sums dy * x_hat over its rows in registers; the CTA's sub-warps add
 //   theirs into the CTA's partial row in order, and dw_sum_kernel adds the CTAs'
@@ -35,7 +35,6 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <utility>
 
 #include "baracuda/checks.h"
 #include "baracuda/cuda_utils.cuh"
@@ -103,15 +102,13 @@ FusedChoice choose_forward(const FusedRows& s, int64_t elem) {
   return {threads, group, vpt, std::max<int64_t>(1, std::min(row_groups, resident_ctas(threads))), 0};
 }
 
-// Backward: 2 vectors a thread, 4 for longer rows (dy, h and dres of a 16-bit input with
-// float dW sums: 80 registers), up to 512 threads a row: N up to 16384 (16-bit), 8192
-// (float32), 4096 (float64); and 4 where that keeps a row within a warp (a sub-warp row
-// sums by shuffles alone, no barrier). A per-head weight with dW: the CTA-per-row kernel.
+// Backward: 2 vectors a thread, 4 for longer rows (dy and h of a 16-bit input with
+// float dW sums: 64 registers), up to 512 threads a row: N up to 16384 (16-bit),
+// 8192 (float32), 4096 (float64). A per-head weight with dW: the CTA-per-row kernel.
 FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes, bool want_dw) {
   const int64_t V = 16 / elem;
   const bool rows = s.N % V == 0 && (s.H == 1 || !want_dw);
-  auto [group, vpt] = rows ? row_split(s.N / V, {2, 4}, kBwdMaxThreads) : std::pair<int, int>{0, 0};
-  if (vpt == 2 && group == 64) std::tie(group, vpt) = std::pair<int, int>{32, 4};
+  const auto [group, vpt] = rows ? row_split(s.N / V, {2, 4}, kBwdMaxThreads) : std::pair<int, int>{0, 0};
   if (group == 0) {
     const int threads = cta_threads(s.N);
     const int64_t periods = s.H > 0 ? s.M / s.H : 0;
@@ -350,9 +347,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
   for (int64_t first = L.first; first < s.M; first += L.step) {
     const int64_t row = first + L.g;
     const bool live = row < s.M;
-    // dy, h and dres of the row are loaded together: one round trip to memory per row.
     cuda::RawVec<OutT, V> dyv[Vpt] = {};
-    cuda::RawVec<R, V> hv[Vpt] = {}, dresv[Vpt] = {};
+    cuda::RawVec<R, V> hv[Vpt] = {};
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * group + L.u;
@@ -360,7 +356,6 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       const int64_t at = row * N + int64_t(q) * V;
       dyv[j] = load_row_raw<OutT, V>(dy + at);
       hv[j] = load_row_raw<R, V>(h + at);
-      if (want_d && dres != nullptr) dresv[j] = load_row_raw<R, V>(dres + at);
     }
     const AccT r = live ? rstd[row] : AccT(0);
     const W* wr = w != nullptr ? w + (live ? row % s.H : 0) * N : nullptr;
@@ -390,8 +385,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
           d[i] = r * (cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i]) - cuda::raw_elem<AccT, R, V>(hv[j], i) * k;
         }
         if (dres != nullptr) {
+          const auto gv = load_row_raw<R, V>(dres + at);
 #pragma unroll
-          for (int i = 0; i < V; ++i) d[i] += cuda::raw_elem<AccT, R, V>(dresv[j], i);
+          for (int i = 0; i < V; ++i) d[i] += cuda::raw_elem<AccT, R, V>(gv, i);
         }
         if (dx != nullptr) store_row_slice<T, V>(dx + at, d);
         if (dr != nullptr) store_row_slice<R, V>(dr + at, d);
