@@ -527,6 +527,18 @@ def test_residual_and_weight_device_mismatch_cuda():
         torch.ops.baracuda.rms_norm_fused(x, None, [8], torch.randn(8))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_out_variant_outputs_aligned_on_cuda():
+    # the CUDA kernels store 16-byte vectors: an output starting off a 16-byte boundary is refused, as rms_norm's
+    x = torch.randn(3, 8, device="cuda")
+    ok, rstd = torch.empty(3, 8, device="cuda"), torch.empty(3, device="cuda")
+    shifted = torch.empty(25, device="cuda")[1:].view(3, 8)
+    with pytest.raises(ValueError, match="baracuda::rms_norm_fused: output must be contiguous and 16-byte aligned"):
+        torch.ops.baracuda.rms_norm_fused.out(x, x, [8], None, output=shifted, residual_out=ok, rstd=rstd)
+    with pytest.raises(ValueError, match="baracuda::rms_norm_fused: residual_out must be contiguous and 16-byte"):
+        torch.ops.baracuda.rms_norm_fused.out(x, x, [8], None, output=ok, residual_out=shifted, rstd=rstd)
+
+
 # ---------------------------------------------------------------------------- FP8 output
 
 
