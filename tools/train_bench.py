@@ -1,13 +1,14 @@
 """Training-step benchmark: whole models with PyTorch's modules against ours (and Liger's RMSNorm).
 
-    python tools/train_bench.py [--device cuda] [--steps 20] [--warmup 5] [--no-compile] [--json F]
+    python tools/train_bench.py [--device cuda] [--steps 20] [--warmup 5] [--no-compile] [--json F] [--models M,...]
     python tools/train_bench.py --smoke          # tiny sizes on CPU, eager only, in seconds
 
 Models (plain torch modules; only the swapped module differs between variants):
   llama-256-fp32 / llama-2048-bf16  Llama-style decoder (RMSNorm, SwiGLU MLP, causal SDPA), 4 layers,
                                     seq 1024, batch 4, AdamW; RMSNorm from torch, ours, Liger
   dlrm-{dense-sgd,sparse-sgd,adagrad} DLRM-style: 8 EmbeddingBag tables (dim 64, sum), bottom and
-                                    top MLPs, batch 8192, BCE loss
+                                    top MLPs, batch 8192, BCE loss; the dense-gradient ones also
+                                    with the 8 tables in one EmbeddingBagCollection (ours-collection)
   alibi-lm                          BLOOM-style LM: attention scores plus the ALiBi bias, LayerNorm
   cnn-fmp                           CNN with FractionalMaxPool2d after each conv block, SGD momentum
 Each variant runs eager and under torch.compile: median step time (forward, loss, backward,
@@ -31,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import baracuda_ops
+from baracuda_ops.nn_collection import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 
 # ---------------------------------------------------------------------------- norms and biases
@@ -134,6 +136,29 @@ class _DLRM(nn.Module):
         return self.top(torch.cat(features, 1)).squeeze(1)
 
 
+class _DLRMCollection(nn.Module):
+    """``reference``'s DLRM with its tables in one baracuda_ops EmbeddingBagCollection (one
+    embedding_bag launch for all tables, forward and backward), the same weights."""
+
+    def __init__(self, reference: _DLRM, device):
+        super().__init__()
+        names = [f"t{i}" for i in range(len(reference.tables))]
+        self.keys = [f"f{i}" for i in range(len(reference.tables))]
+        configs = [EmbeddingBagConfig(num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim, name=name,
+                                      feature_names=[key])
+                   for t, name, key in zip(reference.tables, names, self.keys)]
+        self.tables = EmbeddingBagCollection(configs, device=device)
+        with torch.no_grad():
+            for t, name in zip(reference.tables, names):
+                self.tables.table_weight(name).copy_(t.weight)
+        self.bottom, self.top = reference.bottom, reference.top
+
+    def forward(self, dense, indices, offsets):
+        lengths = torch.cat([torch.diff(o, append=o.new_tensor([i.numel()])) for i, o in zip(indices, offsets)])
+        pooled = self.tables(KeyedJaggedTensor(self.keys, torch.cat(indices), lengths=lengths)).values()
+        return self.top(torch.cat([self.bottom(dense), pooled], 1)).squeeze(1)
+
+
 class _CNN(nn.Module):
     def __init__(self, pool_cls, width, device):
         super().__init__()
@@ -195,8 +220,10 @@ def _dlrm(name, optimizer, sparse, device, smoke):
 
     def build(variant):
         torch.manual_seed(0)
-        bag_cls = nn.EmbeddingBag if variant == "torch" else baracuda_ops.nn.EmbeddingBag
+        bag_cls = baracuda_ops.nn.EmbeddingBag if variant == "ours" else nn.EmbeddingBag
         model = _DLRM(rows, dim, dense_features, bag_cls, sparse, device)
+        if variant == "ours-collection":
+            model = _DLRMCollection(model, device)
         if optimizer == "adagrad":
             return model, torch.optim.Adagrad(model.parameters(), lr=0.01)
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
@@ -209,7 +236,9 @@ def _dlrm(name, optimizer, sparse, device, smoke):
         target = torch.randint(0, 2, (batch,), generator=g).float().to(device)
         return (dense, indices, offsets), target
 
-    return Workload(name, ["torch", "ours"], build, make_batch,
+    # the collection's gradients are dense: it stands beside the dense-gradient models only
+    variants = ["torch", "ours"] + ([] if sparse else ["ours-collection"])
+    return Workload(name, variants, build, make_batch,
                     lambda out, target: F.binary_cross_entropy_with_logits(out, target))
 
 
@@ -286,9 +315,12 @@ def _run(workload: Workload, variant: str, compiled: bool, device, steps: int, w
             "peak_mib": peak, "losses": losses}
 
 
-def run(device: torch.device, steps: int, warmup: int, compile_too: bool, smoke: bool) -> list[dict]:
+def run(device: torch.device, steps: int, warmup: int, compile_too: bool, smoke: bool,
+        models: list[str] | None = None) -> list[dict]:
     results = []
     for workload in workloads(device, smoke):
+        if models is not None and workload.name not in models:
+            continue
         for compiled in (False, True) if compile_too else (False,):
             reference = None
             for variant in workload.variants:
@@ -304,11 +336,11 @@ def run(device: torch.device, steps: int, warmup: int, compile_too: bool, smoke:
 
 
 def format_table(results: list[dict]) -> str:
-    lines = [f"{'model':<18} {'variant':<7} {'mode':<8} {'median ms':>10} {'vs torch':>9} {'peak MiB':>9} "
+    lines = [f"{'model':<18} {'variant':<15} {'mode':<8} {'median ms':>10} {'vs torch':>9} {'peak MiB':>9} "
              f"{'max |dloss|':>12}"]
     for r in results:
         peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
-        lines.append(f"{r['model']:<18} {r['variant']:<7} {'compiled' if r['compiled'] else 'eager':<8} "
+        lines.append(f"{r['model']:<18} {r['variant']:<15} {'compiled' if r['compiled'] else 'eager':<8} "
                      f"{r['median_ms']:>10.3f} {r['speedup_vs_torch']:>8.2f}x {peak:>9} {r['max_loss_diff']:>12.2e}")
     return "\n".join(lines)
 
@@ -321,12 +353,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-compile", action="store_true", help="eager only")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, eager, 2 steps: a check that it runs")
     p.add_argument("--json", help="write the results (loss curves included) to this file")
+    p.add_argument("--models", help="only these models (comma-separated names, e.g. dlrm-dense-sgd,dlrm-adagrad)")
     args = p.parse_args(argv)
     if args.smoke:
         device, steps, warmup, compile_too = torch.device("cpu"), 2, 1, False
     else:
         device, steps, warmup, compile_too = torch.device(args.device), args.steps, args.warmup, not args.no_compile
-    results = run(device, steps, warmup, compile_too, args.smoke)
+    models = args.models.split(",") if args.models else None
+    unknown = sorted(set(models or []) - {w.name for w in workloads(torch.device("cpu"), True)})
+    if unknown:
+        p.error(f"unknown models {unknown}")
+    results = run(device, steps, warmup, compile_too, args.smoke, models)
     print(format_table(results))
     if args.json:
         with open(args.json, "w") as f:
