@@ -184,6 +184,21 @@ def test_long_and_many_rows_match_float64(device, dtype, casting):
         _check_backward(shape, ns, ns, dtype, dtype, dtype, casting, device)
 
 
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_per_head_weight_without_its_gradient(device, casting):
+    # on CUDA the backward then holds rows in registers (the dW of a per-head weight takes the CTA-per-row kernel)
+    x, r = random((6, 4, 64), torch.bfloat16, device, requires_grad=True), random((6, 4, 64), torch.bfloat16, device)
+    w = random((4, 64), torch.bfloat16, device)
+    y, _, _ = torch.ops.baracuda.rms_norm_fused(x, r, [64], w, None, 0.5, casting)
+    gy = random(y.shape, y.dtype, device)
+    (dx,) = torch.autograd.grad(y, x, gy)
+    x64 = x.detach().double().requires_grad_()
+    h64 = x64 + r.double()
+    y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps) * (w.double() + 0.5)
+    (want,) = torch.autograd.grad(y64, x64, gy.double())
+    assert_close(dx, want, dtype=torch.bfloat16, scale=16)
+
+
 def test_backward_gradients_of_both_outputs_share_one_tensor(device):
     x = random((5, 16), torch.float32, device, requires_grad=True)
     r = random((5, 16), torch.float32, device, requires_grad=True)
