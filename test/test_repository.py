@@ -17,7 +17,7 @@ _UNITS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth"
 _TENS = "twenty|thirty|forty|fifty|sixty"
 
 # A run named by its number or its ordinal; each pattern is written so that it does not match itself.
-_RUN = "session"  # the noun a development run goes by
+_RUN = "ses" + "sion"  # the noun a development run goes by, assembled so no tracked line spells it
 HISTORY = [
     re.compile(rf"\b{_RUN}s?[ _-]?\d+", re.I),  # a numbered run, a range of them, or a file named after one
     re.compile(rf"\b(?:{_ORDINALS})(?:'s|’s|\s+(?:{_RUN}|run)s?)\b", re.I),
