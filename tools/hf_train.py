@@ -126,9 +126,10 @@ def main() -> None:
         device, dtype, config, state, batches = _setup(args)
         print(json.dumps(_run(args.one_way, config, state, batches, device, dtype, warmup)))
         return
-    device, dtype, config, state, _ = _setup(args)
-    params = sum(v.numel() for v in state.values())
-    del state
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    with torch.device("meta"):  # the parameter count only: no weights are made here
+        params = sum(p.numel() for p in transformers.LlamaForCausalLM(_config(args.smoke)).parameters())
     print(f"Llama {params / 1e9:.2f}B parameters, {dtype}, batch {args.batch} x {args.seq}, {args.steps} steps "
           f"on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}")
