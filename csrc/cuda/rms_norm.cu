@@ -54,6 +54,7 @@
 #include "baracuda/cuda_utils.cuh"
 #include "baracuda/dispatch.h"
 #include "baracuda/rms_norm.h"
+#include "baracuda/rms_norm_policy.h"
 #include "baracuda/rms_rows.cuh"
 #include "baracuda/variant.h"
 
@@ -63,248 +64,7 @@ namespace {
 namespace cg = cooperative_groups;
 using cuda::ceil_div;
 
-constexpr int kVpt = 4;              // vectors each thread keeps in registers (the `Vpt` of most launches)
-constexpr int kMaxThreads = 1024;    // largest CTA of the forward register kernel
-constexpr int kBwdMaxThreads = 512;  // backward: x and dy in registers need up to 128 per thread
-constexpr int kDecodeVpt = 2;        // backward decode rows: vectors per thread, at most (4 spill at 1024 threads)
-constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
-constexpr int kMaxCluster = 8;       // portable thread-block cluster size
-constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
-constexpr int kReduceCols = 32;      // dW sum: columns per CTA
-constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vectors each, one a lane
-constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
-constexpr int kStreamStages = 3;     // streamed cluster-row backward: rows of x and dy in shared memory
-
-// ---------------------------------------------------------------------------
-// Choice of kernel: a pure function of (M, N, dtype, device), used by the
-// launchers and by the Plan API through the variant registry.
-
-int sm_major() { return cuda::device_attribute(cudaDevAttrComputeCapabilityMajor); }
-int max_smem_optin() { return cuda::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
-
-struct RmsChoice {
-  bool empty = true;     // M == 0 or N == 0: no kernel runs
-  bool looped = false;   // row too long for registers: two passes over the row
-  int vec = 1;           // elements per access: 16 bytes, or 1 when N is not a multiple
-  int group = 1;         // threads per row inside a CTA
-  int block = 1;         // threads per CTA
-  int cluster = 1;       // CTAs per row
-  int vpt = kVpt;        // vectors per thread: kVpt; 1 or 2 (forward float32: kVpt) for decode rows;
-                         // 1 for backward rows spread over a cluster; 2 * kVpt for forward clusters
-  bool decode_rows = false;  // no more rows than SMs, a CTA each (the decode kernels)
-  int ctas_per_sm = 1;   // backward: 2 for cluster rows (registers capped by __launch_bounds__)
-  int stages = 0;        // backward cluster rows streamed (bulk copies): rows of x and dy staged, else 0
-  int64_t clusters = 0;  // row groups in flight (grid = clusters * cluster); backward: dW partial rows
-  int64_t dw_columns = 0;  // backward decode rows (M > 1): CTAs after the rows that sum dW by columns
-  int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators)
-};
-
-int pow2_ceil(int64_t v) {
-  int p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
-
-int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == at::kDouble ? 8 : 4; }
-
-int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward);  // after the kernels
-
-
-// The decode forward's vectors per thread, at most, for 16-byte vectors of `elem`-byte
-// elements (rms_norm_fwd_decode_kernel is instantiated for these).
-constexpr int fwd_decode_max_vpt(int64_t elem) { return elem == 2 ? 4 : elem == 4 ? 8 : 2; }
-
-// Whether decode rows' dW is summed by column CTAs beside the rows (decode_dw_columns):
-// for more than one row, and for a single row whose dW exceeds 8 KB, where the row's
-// CTA alone would move too many bytes through its SM.
-bool dw_by_columns(int64_t M, int64_t N, int64_t dw_elem) {
-  return dw_elem > 0 && (M > 1 || N * dw_elem > 8192);
-}
-
-// dw_elem: the backward's grad_weight element size, 0 when it computes no dW.
-RmsChoice choose_rms(int64_t M, int64_t N, c10::ScalarType dtype, bool backward, int64_t dw_elem) {
-  const int64_t elem = c10::elementSize(dtype), acc_bytes = acc_bytes_of(dtype);
-  const bool dw = backward && dw_elem > 0;
-  RmsChoice c;
-  if (M == 0 || N == 0) return c;
-  c.empty = false;
-  c.vec = N % (16 / elem) == 0 ? static_cast<int>(16 / elem) : 1;
-  const int64_t nv = N / c.vec;
-  if (nv <= 32 * kVpt) {
-    // Short rows: a sub-warp of `group` threads per row, kRowsBlock / group rows per CTA.
-    c.group = pow2_ceil(ceil_div<int64_t>(nv, kVpt));
-    c.block = kRowsBlock;
-  } else {
-    // One row per CTA, or per cluster of CTAs; prefer CTAs of <= 512 threads
-    // (several resident per SM), then (forward only) up to 1024.
-    const int max_cluster = sm_major() >= 9 ? kMaxCluster : 1;
-    bool found = false;
-    for (int cap : {kBwdMaxThreads, backward ? kBwdMaxThreads : kMaxThreads}) {
-      for (int cl = 1; cl <= max_cluster && !found; cl *= 2) {
-        const int64_t threads = ceil_div<int64_t>(nv, int64_t(kVpt) * cl);
-        if (threads <= cap) {
-          c.cluster = cl;
-          c.block = static_cast<int>(ceil_div<int64_t>(threads, 32) * 32);
-          found = true;
-        }
-      }
-    }
-    c.looped = !found;
-    if (c.looped) {
-      c.block = kLoopedThreads;
-      c.cluster = 1;
-    }
-    c.group = c.block;
-  }
-  // Rows that need a cluster: the CTAs of a cluster wait for each other at every
-  // row's barrier. The forward holds 2 * kVpt vectors per thread (16-byte vectors:
-  // 64 registers), so half as many CTAs share a row. The backward, which needs
-  // more registers per vector, is held to 64 registers, two CTAs per SM, so one
-  // CTA's loads run while the other waits at its barrier.
-  if (!c.looped && c.cluster > 1) {
-    if (!backward && c.vec * elem == 16 && elem <= 4) {  // float64 spills at 2 * kVpt
-      c.vpt = 2 * kVpt;
-      c.cluster /= 2;
-    }
-    if (backward) c.ctas_per_sm = 2;
-  }
-  // Decode rows: no more rows than SMs, a CTA each, latency-bound. The decode
-  // kernels (rms_norm_fwd_decode_kernel, rms_norm_bwd_decode_kernel) hold the row
-  // in registers from one round of loads, w included, with no row loop or layout.
-  // Forward: at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors
-  // (fwd_decode_max_vpt: 16-bit elements up to 4, float32 up to 8, float64 up to 2,
-  // then 512 threads of 2): every load issues before any is used, and 256 threads
-  // beat 512 of half the vectors, 128 and 1024 threads, at the decode shapes.
-  // Backward: at most 512 threads of 1 vector, then of 2, then 1024 threads of 2
-  // (kDecodeVpt), the fastest spread at each decode shape. With more than one row, dW is summed by columns in CTAs beside
-  // the rows rather than from partial rows by a second kernel (one launch fewer on a
-  // path that launch latency bounds).
-  if (!c.looped && c.group == c.block && c.vec * elem == 16 && M <= cuda::num_sms()) {
-    using Spread = std::pair<int, int>;  // (vectors per thread, threads at most), tried in order
-    constexpr std::array<Spread, 5> kFwdSpreads{{{1, 256}, {2, 256}, {4, 256}, {8, 256}, {2, kBwdMaxThreads}}};
-    constexpr std::array<Spread, 3> kBwdSpreads{
-        {{1, kBwdMaxThreads}, {kDecodeVpt, kBwdMaxThreads}, {kDecodeVpt, kMaxThreads}}};
-    const auto take_first_fitting = [&](const auto& spreads) {
-      for (const auto& [vpt, cap] : spreads) {
-        const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
-        // The backward's dW column CTAs run beside the rows, in one wave (at most 64
-        // registers a thread: kMaxThreads / threads CTAs an SM).
-        const int64_t ctas = M + (dw_by_columns(M, N, dw_elem) ? ceil_div<int64_t>(nv, kDwColumnVectors) : 0);
-        if (threads <= cap && (backward || vpt <= fwd_decode_max_vpt(elem)) &&
-            ctas <= int64_t(cuda::num_sms()) * (kMaxThreads / threads)) {
-          c.decode_rows = true;
-          c.vpt = vpt;
-          c.cluster = 1;
-          c.block = c.group = threads;
-          return;
-        }
-      }
-    };
-    if (backward) {
-      take_first_fitting(kBwdSpreads);
-    } else {
-      take_first_fitting(kFwdSpreads);
-    }
-  }
-  // The backward of a single row too long for the decode kernel but not for a
-  // cluster's CTAs: one vector per thread over a cluster of kMaxCluster CTAs, so
-  // its loads come from that many SMs. (The forward's rows of that length stay in one
-  // CTA: spread so, the cluster's barrier costs more than the loads it spreads.)
-  if (!c.decode_rows && backward && M == 1 && c.vpt == kVpt && !c.looped && c.group == c.block &&
-      c.vec * elem == 16 && sm_major() >= 9 && ceil_div<int64_t>(nv, kMaxCluster) <= kBwdMaxThreads) {
-    c.vpt = 1;
-    c.cluster = kMaxCluster;
-    c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, kMaxCluster), 32) * 32);
-  }
-  // Backward cluster rows of a half input with a float32 dW (a float32 weight):
-  // rms_norm_bwd_streamed_kernel, one CTA per SM, x and dy staged by bulk copies
-  // (its stages: kStreamStages rows of the CTA's 16-byte vectors of x and dy). Only
-  // there: the weight's 32-byte vectors cost the register kernel more than the
-  // streamed kernel's barriers cost it; for the other dtypes two register CTAs per SM
-  // are faster, since with 16 warps an SM the streamed kernel's block and cluster
-  // barriers stall the whole SM.
-  if (backward && !c.looped && !c.decode_rows && c.cluster > 1 && c.vpt == kVpt && c.vec * elem == 16 &&
-      elem == 2 && dw_elem == 4) {
-    const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
-    if (smem + 1024 <= max_smem_optin()) {
-      c.stages = kStreamStages;
-      c.ctas_per_sm = 1;
-      c.smem = smem;
-    }
-  }
-  if (dw && !c.looped && !c.decode_rows && c.vpt == kVpt && c.stages == 0) {
-    c.smem = int64_t(c.block) * c.vpt * c.vec * acc_bytes;
-    if (c.smem > max_smem_optin()) {  // small-smem GPUs: the two-pass kernel keeps dW in global memory
-      c.looped = true;
-      c.block = c.group = kLoopedThreads;
-      c.cluster = c.ctas_per_sm = 1;
-      c.smem = 0;
-    }
-  }
-  if (c.decode_rows) {  // a CTA each, all in flight (backward: and the dW column CTAs, no partials)
-    c.clusters = M;
-    if (dw_by_columns(M, N, dw_elem)) c.dw_columns = ceil_div<int64_t>(nv, kDwColumnVectors);
-    return c;
-  }
-  const int64_t row_groups = ceil_div<int64_t>(M, c.block / c.group);
-  // Forward rows of one CTA: a CTA per row group (the kernel's grid-stride loop
-  // only past 2^31 - 1 CTAs), as Triton's kernels run: faster than a grid of 16
-  // waves walking the rest by grid-stride.
-  if (!backward && c.cluster == 1 && !c.looped) {
-    c.clusters = std::min<int64_t>(row_groups, std::numeric_limits<int32_t>::max());
-    return c;
-  }
-  // Otherwise row groups (CTAs or clusters) in flight: what the device runs at once,
-  // and in the backward at most half the threads an SM can hold (enough loads in
-  // flight, fewer dW partial rows to write and sum). A grid larger than what runs
-  // at once leaves a tail wave; with clusters that can halve the speed. Backward:
-  // one wave, each row group accumulating dW for the rows it visits. Forward
-  // cluster rows and the two-pass kernel: up to 16 waves, the rest by grid-stride
-  // (a cluster per row group is slower).
-  int64_t resident = resident_row_groups(c, dtype, backward);
-  if (backward) {
-    const int64_t per_sm = std::clamp<int64_t>(1024 / c.block, 1, 32);
-    resident = std::min(resident, std::max<int64_t>(1, int64_t(cuda::num_sms()) * per_sm / c.cluster));
-  }
-  c.clusters = std::min(row_groups, backward ? resident : 16 * resident);
-  return c;
-}
-
-// One row group (P == 1), or dW by columns: the kernel writes dW itself, no partials.
-bool dw_direct(const RmsChoice& c) { return (c.clusters == 1 || c.dw_columns > 0) && !c.looped; }
-
-int64_t dw_workspace_bytes(const RmsChoice& c, int64_t N, int64_t acc_bytes) {
-  return c.empty || dw_direct(c) ? 0 : c.clusters * N * acc_bytes;
-}
-
-std::string rms_variant(const RmsChoice& c, int64_t elem, bool backward, bool dw) {
-  if (c.empty) return "empty";
-  const std::string vec = std::to_string(c.vec * elem) + "B";
-  std::string v;
-  if (c.looped) {
-    v = "two_pass_row<" + std::to_string(c.block) + "," + vec + ">";
-  } else if (c.group < c.block) {
-    v = "warp_rows<" + std::to_string(c.group) + " threads/row," + std::to_string(c.block / c.group) + " rows/cta," +
-        vec + ">";
-  } else {
-    const std::string spread = c.vpt == kVpt && !c.decode_rows ? ""
-                               : c.vpt == 1  ? ",1 vector/thread"
-                                             : "," + std::to_string(c.vpt) + " vectors/thread";
-    const std::string residency = c.ctas_per_sm > 1 ? "," + std::to_string(c.ctas_per_sm) + " ctas/sm"
-                                  : c.stages > 0    ? "," + std::to_string(c.stages) + " rows staged by bulk copies"
-                                                    : "";
-    v = c.decode_rows       ? "decode_row<" + std::to_string(c.block) + "," + vec + spread + ">"
-        : c.cluster == 1 ? "cta_row<" + std::to_string(c.block) + "," + vec + spread + residency + ">"
-                       : "cluster_row<" + std::to_string(c.cluster) + "x" + std::to_string(c.block) + "," + vec +
-                             spread + residency + ">";
-  }
-  if (backward && dw) {
-    v += c.dw_columns > 0 ? "+dw_columns<" + std::to_string(c.dw_columns) + " ctas>"
-         : dw_direct(c)   ? "+direct_dw"
-                          : "+ordered_dw_sum<" + std::to_string(c.clusters) + " partials>";
-  }
-  return v;
-}
+using namespace rms;  // the policy's constants (baracuda/rms_norm_policy.h)
 
 // ---------------------------------------------------------------------------
 // Device helpers (the row helpers shared with rms_norm_fused: baracuda/rms_rows.cuh).
@@ -621,7 +381,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
                         W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, int staged_w) {
   constexpr bool kSpreadRows = Vpt < kVpt;  // a single row, one vector a thread over a cluster: latency-bound
-  // Rows that need a cluster, the only ones choose_rms runs two CTAs per SM: the dW
+  // Rows that need a cluster, the only ones the policy runs two CTAs per SM: the dW
   // sums are added while the CTA waits at the row's cluster barrier (below).
   constexpr bool kClusterRows = MinBlocks == 2;
   cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
@@ -769,7 +529,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
 }
 
 // ---------------------------------------------------------------------------
-// Backward of rows that need a cluster, streamed (sm_90; choose_rms takes it for a
+// Backward of rows that need a cluster, streamed (sm_90; the policy takes it for a
 // float32 weight with a half input): the same sums as
 // rms_norm_bwd_kernel, in the same order (the same dx bits), with x and dy
 // brought into shared memory by bulk copies (cp.async.bulk) rows ahead, and the
@@ -1147,15 +907,15 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSlices)
 // it. (The forward's 32-byte vectors are not staged: its CTAs take one row or a
 // few, and staging them is slower.)
 template <typename... Args>
-int staged_weight_vectors(void (*kernel)(Args...), const RmsChoice& c, bool backward, bool weighted,
+int staged_weight_vectors(void (*kernel)(Args...), const RmsLaunchConfig& c, bool backward, bool weighted,
                           int64_t w_vec_bytes) {
   const bool partial = backward && w_vec_bytes == 32;
-  if (!weighted || (w_vec_bytes != 16 && !partial) || c.looped || c.decode_rows || c.vpt < kVpt) return 0;
+  if (!weighted || (w_vec_bytes != 16 && !partial) || c.two_pass() || c.decode() || c.vpt < kVpt) return 0;
   const int64_t resident = cuda::resident_groups(kernel, c.block, c.cluster, c.smem);
   const int most = backward && holds_last_weight(c.ctas_per_sm == 2, w_vec_bytes) ? c.vpt - 1 : c.vpt;
   for (int n = most; n > 0 && (n == c.vpt || partial); --n) {
     const int64_t bytes = int64_t(c.block) * n * w_vec_bytes;
-    if (c.smem + bytes <= max_smem_optin() &&
+    if (c.smem + bytes <= cuda::device_facts().smem_per_block_optin &&
         cuda::resident_groups(kernel, c.block, c.cluster, c.smem + bytes) == resident) {
       return n;
     }
@@ -1165,7 +925,7 @@ int staged_weight_vectors(void (*kernel)(Args...), const RmsChoice& c, bool back
 
 // Calls fn(std::integral_constant<int, V>) with V the chosen vector width.
 template <typename T, typename Fn>
-void with_vec(const RmsChoice& c, Fn&& fn) {
+void with_vec(const RmsLaunchConfig& c, Fn&& fn) {
   constexpr int kV = static_cast<int>(16 / sizeof(T));
   if (c.vec == 1) {
     fn(std::integral_constant<int, 1>{});
@@ -1176,11 +936,11 @@ void with_vec(const RmsChoice& c, Fn&& fn) {
 
 // Calls fn(std::integral_constant<int, Vpt>) with the chosen vectors per thread of
 // the register kernels (decode rows take the decode kernels): kVpt, or, only
-// instantiated where choose_rms picks them (16-byte vectors), 2 * kVpt in the
+// instantiated where the policy picks them (16-byte vectors), 2 * kVpt in the
 // forward's cluster rows (elements of at most 4 bytes) and 1 in the backward's
 // rows over a cluster of kMaxCluster.
 template <typename T, int V, bool kBackward, typename Fn>
-void with_vpt(const RmsChoice& c, Fn&& fn) {
+void with_vpt(const RmsLaunchConfig& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     if constexpr (!kBackward && sizeof(T) <= 4) {
       if (c.vpt == 2 * kVpt) return fn(std::integral_constant<int, 2 * kVpt>{});
@@ -1194,14 +954,14 @@ void with_vpt(const RmsChoice& c, Fn&& fn) {
 
 // Calls fn(kernel) with the forward register kernel of the choice's vectors per thread.
 template <typename T, typename W, typename AccT, int V, typename Fn>
-void with_fwd_kernel(const RmsChoice& c, Fn&& fn) {
+void with_fwd_kernel(const RmsLaunchConfig& c, Fn&& fn) {
   with_vpt<T, V, false>(c, [&](auto vpt_tag) { fn(rms_norm_fwd_kernel<T, W, AccT, V, decltype(vpt_tag)::value>); });
 }
 
 // Calls fn(kernel) with the backward register kernel of the choice: its vectors per
 // thread, and the registers capped for two CTAs per SM where the choice says so.
 template <typename T, typename W, typename AccT, int V, typename Fn>
-void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
+void with_bwd_kernel(const RmsLaunchConfig& c, Fn&& fn) {
   with_vpt<T, V, true>(c, [&](auto vpt_tag) {
     constexpr int Vpt = decltype(vpt_tag)::value;
     if constexpr (Vpt == kVpt) {
@@ -1218,7 +978,7 @@ void with_bwd_kernel(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(kernel) with the streamed cluster-row backward kernel (instantiated for
-// 16-byte vectors, which the bulk copies need, as choose_rms picks it).
+// 16-byte vectors, which the bulk copies need, as the policy picks it).
 template <typename T, typename W, typename AccT, int V, typename Fn>
 void with_bwd_streamed_kernel(Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
@@ -1229,9 +989,9 @@ void with_bwd_streamed_kernel(Fn&& fn) {
 }
 
 // Calls fn(kernel) with the decode forward kernel of the choice's vectors per thread
-// (1, 2, 4 or 8, up to fwd_decode_max_vpt; 16-byte vectors, as choose_rms picks decode rows).
+// (1, 2, 4 or 8, up to fwd_decode_max_vpt; 16-byte vectors, as the policy picks decode rows).
 template <typename T, typename W, typename AccT, int V, typename Fn>
-void with_fwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
+void with_fwd_decode_kernel(const RmsLaunchConfig& c, Fn&& fn) {
   if constexpr (V * sizeof(T) == 16) {
     if (c.vpt == 1) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 1>);
     if (c.vpt == 2) return fn(rms_norm_fwd_decode_kernel<T, W, AccT, V, 2>);
@@ -1246,9 +1006,9 @@ void with_fwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
 }
 
 // Calls fn(kernel) with the single-row backward kernel of the choice's vectors per
-// thread (1 or kDecodeVpt; instantiated for 16-byte vectors, as choose_rms picks it).
+// thread (1 or kDecodeVpt; instantiated for 16-byte vectors, as the policy picks it).
 template <typename T, typename W, typename AccT, int V, typename Fn>
-void with_bwd_decode_kernel(const RmsChoice& c, Fn&& fn) {
+void with_bwd_decode_kernel(const RmsLaunchConfig& c, Fn&& fn) {
   static_assert(kDecodeVpt == 2);
   if constexpr (V * sizeof(T) == 16) {
     if (c.vpt == 1) return fn(rms_norm_bwd_decode_kernel<T, W, AccT, V, 1>);
@@ -1265,7 +1025,7 @@ AccT inverse_row_length(int64_t n) {
 
 // For half inputs the smaller count of the two weight types' kernels: the
 // choice, and so the dW workspace a Plan reports, cannot depend on the weight.
-int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool backward) {
+int64_t resident_row_groups(const RmsLaunchConfig& c, c10::ScalarType dtype, bool backward) {
   int64_t resident = std::numeric_limits<int64_t>::max();
   BARACUDA_DISPATCH_FLOATING(dtype, "rms_norm_resident", [&] {
     for_each_weight_type<scalar_t>([&](auto w_tag) {
@@ -1273,7 +1033,7 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
       with_vec<scalar_t>(c, [&](auto v_tag) {
         constexpr int V = decltype(v_tag)::value;
         int64_t n = 0;
-        if (c.looped) {
+        if (c.two_pass()) {
           n = backward ? cuda::resident_groups(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0)
                        : cuda::resident_groups(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>, c.block, 1, 0);
         } else {
@@ -1295,6 +1055,14 @@ int64_t resident_row_groups(const RmsChoice& c, c10::ScalarType dtype, bool back
   return resident;
 }
 
+// The policy's config for `p` on the current device, with the runtime's occupancy
+// of the kernel it picks.
+RmsLaunchConfig choose_rms(const RmsProblem& p) {
+  return rms_launch_config(p, cuda::device_facts(), [&](const RmsLaunchConfig& shape) {
+    return RmsOccupancy{resident_row_groups(shape, p.dtype, p.backward)};
+  });
+}
+
 void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape,
                        const std::optional<at::Tensor>& weight, std::optional<double> eps, const at::Tensor& output,
                        const at::Tensor& rstd) {
@@ -1312,7 +1080,7 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
     rstd.fill_(std::numeric_limits<double>::quiet_NaN());
     return;
   }
-  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), false, 0);
+  const auto c = choose_rms({rows.M, rows.N, input.scalar_type(), false, 0});
   const auto x = cuda::aligned_contiguous(input);
   const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
   const double e = eps.value_or(rms_default_eps(input.scalar_type()));
@@ -1325,11 +1093,11 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
         const W* wp = w.defined() ? w.const_data_ptr<W>() : nullptr;
         auto* yp = output.mutable_data_ptr<scalar_t>();
         auto* rp = rstd.mutable_data_ptr<acc_t>();
-        if (c.looped) {
+        if (c.two_pass()) {
           cuda::launch(rms_norm_fwd_looped_kernel<scalar_t, W, acc_t, V>,
                        {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp, rows.M, rows.N,
                        static_cast<acc_t>(e));
-        } else if (c.decode_rows) {
+        } else if (c.decode()) {
           with_fwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
             cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp,
                          static_cast<int>(rows.N), static_cast<acc_t>(e), inverse_row_length<acc_t>(rows.N));
@@ -1387,10 +1155,11 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
     return;
   }
   const int64_t acc_bytes = acc_bytes_of(input.scalar_type());
-  const auto c = choose_rms(rows.M, rows.N, input.scalar_type(), true, want_dw ? weight->element_size() : 0);
+  const RmsProblem problem{rows.M, rows.N, input.scalar_type(), true, want_dw ? weight->element_size() : 0};
+  const auto c = choose_rms(problem);
   at::Tensor ws;
   if (want_dw) {
-    const int64_t need = dw_workspace_bytes(c, rows.N, acc_bytes);
+    const int64_t need = rms_dw_workspace_bytes(c, problem);
     if (workspace.has_value()) {
       check_workspace(op, *workspace, need, 16, input.device(),
                       {{"grad_out", grad_out}, {"input", input}, {"rstd", rstd}, {"weight", *weight},
@@ -1412,14 +1181,14 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
         const auto* rp = r.const_data_ptr<acc_t>();
         const W* wp = w.defined() ? w.const_data_ptr<W>() : nullptr;
         scalar_t* dxp = want_dx ? grad_input.mutable_data_ptr<scalar_t>() : nullptr;
-        const bool direct = want_dw && dw_direct(c);
+        const bool direct = want_dw && c.dw != RmsDwSum::kOrdered;
         acc_t* parts = want_dw && !direct ? static_cast<acc_t*>(ws.mutable_data_ptr()) : nullptr;
         W* dwp = direct ? grad_weight.mutable_data_ptr<W>() : nullptr;
-        if (c.looped) {
+        if (c.two_pass()) {
           cuda::launch(rms_norm_bwd_looped_kernel<scalar_t, W, acc_t, V>,
                        {.grid = dim3(c.clusters), .block = dim3(c.block)}, gp, xp, rp, wp, dxp, parts, rows.M,
                        rows.N);
-        } else if (c.decode_rows) {
+        } else if (c.decode()) {
           with_bwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
             const int64_t col_smem = c.dw_columns > 0 ? int64_t(c.block) * V * acc_bytes : 0;  // decode_dw_columns
             cuda::launch(kernel, {.grid = dim3(c.clusters + c.dw_columns), .block = dim3(c.block), .smem = col_smem},
@@ -1481,21 +1250,20 @@ void rms_norm_backward_out_cuda(const at::Tensor& grad_out, const at::Tensor& in
                          workspace);
 }
 
-// problem = [M, N] (forward), [M, N, grad_weight's element size or 0: no dW] (backward)
+// The Plan's variant: the launch config on the current device (problem as in
+// rms_problem: [M, N] forward, [M, N, dW element size or 0] backward).
+KernelChoice rms_choice(c10::IntArrayRef problem, c10::ScalarType dtype, bool backward) {
+  const RmsProblem p = rms_problem(problem, dtype, backward);
+  const LaunchConfigView view = rms_view(choose_rms(p), p);
+  return {describe(view), view.workspace_bytes};
+}
+
 KernelChoice rms_norm_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  BARACUDA_CHECK_VALUE(problem.size() == 2 && problem[0] >= 0 && problem[1] >= 0, kRmsNormOp, ": malformed problem ",
-                    problem);
-  const auto c = choose_rms(problem[0], problem[1], dtype, false, 0);
-  return {rms_variant(c, c10::elementSize(dtype), false, false), 0};
+  return rms_choice(problem, dtype, false);
 }
 
 KernelChoice rms_norm_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
-  BARACUDA_CHECK_VALUE(problem.size() == 3 && problem[0] >= 0 && problem[1] >= 0, kRmsNormBackwardOp,
-                    ": malformed problem ", problem);
-  const bool dw = problem[2] != 0;  // grad_weight's element size, 0: no dW
-  const int64_t acc_bytes = acc_bytes_of(dtype);
-  const auto c = choose_rms(problem[0], problem[1], dtype, true, problem[2]);
-  return {rms_variant(c, c10::elementSize(dtype), true, dw), dw ? dw_workspace_bytes(c, problem[1], acc_bytes) : 0};
+  return rms_choice(problem, dtype, true);
 }
 
 BARACUDA_REGISTER_VARIANT("rms_norm", c10::DeviceType::CUDA, rms_norm_choice);
