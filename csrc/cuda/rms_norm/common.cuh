@@ -201,7 +201,7 @@ __device__ __forceinline__ auto staged_weight(const W* __restrict__ w, int stage
 }
 
 // ---------------------------------------------------------------------------
-// Launchers.
+// Launch helpers of forward.cu and backward.cu.
 
 // Weight vectors per thread staged in shared memory (staged_weight) on top of the
 // choice's c.smem, in a register launch that is not cluster-spread: for 16-byte weight
