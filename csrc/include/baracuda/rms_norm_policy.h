@@ -299,13 +299,14 @@ inline int64_t rms_dw_workspace_bytes(const RmsLaunchConfig& c, const RmsProblem
   return c.dw == RmsDwSum::kOrdered ? c.clusters * p.N * rms::acc_bytes_of(p.dtype) : 0;
 }
 
-// The occupancy of the kernel a shape launches, derived from the facts for a
+// The occupancy of the kernel a shape launches, modelled from the facts for a
 // device that is not at hand: CTAs per SM bounded by threads, by shared memory
 // (1 KB reserved per CTA) and by registers at the kernel's __launch_bounds__
 // budget (forward register kernel 64 a thread; backward register kernel 128, or 64
-// at two CTAs per SM; streamed and two-pass kernels 128), which the compiled
-// kernels use in full at the shapes that walk rows by grid-stride; clusters as
-// the SMs' CTAs taken `cluster` at a time.
+// at two CTAs per SM; streamed and two-pass kernels 128); clusters as the SMs'
+// CTAs taken `cluster` at a time. The runtime's count can differ (a compiled
+// kernel using fewer registers than its budget, clusters placed GPC by GPC): the
+// launchers ask the runtime instead.
 inline RmsOccupancy rms_modelled_occupancy(const RmsLaunchConfig& c, bool backward, const DeviceFacts& f) {
   const int64_t bound_threads = c.two_pass() || backward ? rms::kBwdMaxThreads : rms::kMaxThreads;
   const int64_t min_blocks = backward && c.ctas_per_sm == 2 ? 2 : 1;
