@@ -9,6 +9,7 @@ from expecttest import TestCase
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, poison, random,
                      require_free_gpu_memory)
+from launch_configs import device_has_recorded_facts, launch_config
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -45,13 +46,12 @@ def acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def launch_config(m, n, dtype, backward=False, dw_dtype=None):
-    """The CUDA launch config (kind, params) that the policy picks with an H200's
-    recorded facts (test_launch_policy_rms_norm.py covers the policy itself)."""
-    problem = [m, n, (dw_dtype or dtype).itemsize] if backward else [m, n]
-    kind, names, values, _ = torch.ops.baracuda._launch_config("rms_norm_backward" if backward else "rms_norm",
-                                                               problem, dtype, "h200")
-    return kind, dict(zip(names, values))
+def rms_config(m, n, dtype, backward=False, dw_dtype=None):
+    """The CUDA launch config that the policy picks with an H200's recorded facts
+    (test_launch_policy.py covers the policy itself)."""
+    if backward:
+        return launch_config("rms_norm_backward", [m, n, (dw_dtype or dtype).itemsize], dtype)
+    return launch_config("rms_norm", [m, n], dtype)
 
 
 def reference(x, normalized_shape, weight, eps=None):
@@ -198,8 +198,8 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     assert_close(dw, refs[1], dtype=wdt, scale=4 * 300**0.5)
     again = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
     assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
-    assert launch_config(300, n, dtype, backward=True)[0] == "cluster_row"
-    streamed = launch_config(300, n, dtype, backward=True, dw_dtype=wdt)[0] == "streamed_cluster_row"
+    assert rms_config(300, n, dtype, backward=True).kind == "cluster_row"
+    streamed = rms_config(300, n, dtype, backward=True, dw_dtype=wdt).kind == "streamed_cluster_row"
     assert streamed == (wdt == torch.float32 and dtype != torch.float32)
 
 
@@ -216,8 +216,8 @@ def test_cuda_past_2_31_elements(n, wdt, kernel):
     # that a row lost or read from the wrong place shows in it.
     require_free_gpu_memory(20)
     m, dtype = (1 << 31) // n + 3, torch.bfloat16
-    fwd = launch_config(m, n, dtype)[0]
-    bwd = launch_config(m, n, dtype, backward=True, dw_dtype=wdt)[0]
+    fwd = rms_config(m, n, dtype).kind
+    bwd = rms_config(m, n, dtype, backward=True, dw_dtype=wdt).kind
     assert kernel == (bwd if wdt == torch.float32 else fwd), (fwd, bwd)
     x = torch.randn(m, n, dtype=dtype, device="cuda")
     w = torch.randn(n, dtype=wdt, device="cuda")
@@ -530,10 +530,10 @@ def test_plan_errors(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_plan_variant_is_the_launch_config():
     # The Plan's variant is the policy's config on this device, kind<name=value,...>;
-    # on an sm_90 part with 132 SMs the shape matches the recorded facts' config (the
-    # row groups and dW sum of grid-stride kinds follow the runtime's occupancy).
-    props = torch.cuda.get_device_properties(0)
-    same_card = (props.major, props.minor, props.multi_processor_count) == (9, 0, 132)
+    # on a device the policies see as the recorded H100/H200 the shape matches the
+    # recorded facts' config (the row groups and dW sum of grid-stride kinds follow the
+    # runtime's occupancy, which the recorded config models).
+    same_card = device_has_recorded_facts(torch.device("cuda"))
     for m, n, dtype, backward in [(1024, 1024, torch.bfloat16, False), (1024, 4096, torch.bfloat16, False),
                                   (2048, 65536, torch.bfloat16, False), (8, 8192, torch.float32, False),
                                   (64, 2**20, torch.float32, False), (1024, 4096, torch.bfloat16, True),
@@ -551,8 +551,8 @@ def test_cuda_plan_variant_is_the_launch_config():
         else:
             assert plan.workspace_size() == 0
         if same_card:
-            want_kind, want = launch_config(m, n, dtype, backward)
-            assert kind == want_kind, (variant, want)
+            want = rms_config(m, n, dtype, backward)
+            assert kind == want.kind, (variant, want)
             for field in ("vec_bytes", "group", "block", "cluster", "vpt", "ctas_per_sm", "stages", "smem",
                           "dw_columns"):
                 assert params[field] == want[field], (field, variant, want)
