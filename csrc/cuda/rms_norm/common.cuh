@@ -267,13 +267,22 @@ AccT inverse_row_length(int64_t n) {
 // The smallest resident row-group count (cuda::resident_groups) over the kernels
 // that `c` may launch for a `dtype` input: for half inputs over both weight types,
 // so that the choice, and so the dW workspace a Plan reports, cannot depend on the
-// weight. resident_of(T{}, W{}, std::integral_constant<int, V>{}) gives one kernel's.
-template <typename Fn>
-int64_t min_resident_row_groups(const RmsLaunchConfig& c, c10::ScalarType dtype, Fn&& resident_of) {
+// weight. with_kernel.template operator()<T, W, AccT, V>(fn) calls fn with the kernel
+// that `c` launches for those types (a two-pass kernel: one CTA a row group, no
+// dynamic shared memory).
+template <typename WithKernel>
+int64_t min_resident_row_groups(const RmsLaunchConfig& c, c10::ScalarType dtype, WithKernel&& with_kernel) {
+  const int cluster = c.two_pass() ? 1 : c.cluster;
+  const int64_t smem = c.two_pass() ? 0 : c.smem;
   int64_t resident = std::numeric_limits<int64_t>::max();
   BARACUDA_DISPATCH_FLOATING(dtype, "rms_norm_resident", [&] {
-    for_each_weight_type<scalar_t>(
-        [&](auto w_tag) { with_vec<scalar_t>(c, [&](auto v_tag) { resident = std::min(resident, resident_of(scalar_t{}, w_tag, v_tag)); }); });
+    for_each_weight_type<scalar_t>([&](auto w_tag) {
+      with_vec<scalar_t>(c, [&](auto v_tag) {
+        with_kernel.template operator()<scalar_t, decltype(w_tag), acc_t, decltype(v_tag)::value>([&](auto kernel) {
+          resident = std::min(resident, cuda::resident_groups(kernel, c.block, cluster, smem));
+        });
+      });
+    });
   });
   return resident;
 }

@@ -139,18 +139,9 @@ void with_fwd_decode_kernel(const RmsLaunchConfig& c, Fn&& fn) {
 
 // Resident row groups of the forward kernel a shape launches.
 int64_t forward_resident_row_groups(const RmsLaunchConfig& c, c10::ScalarType dtype) {
-  return min_resident_row_groups(c, dtype, [&](auto t, auto w_tag, auto v_tag) {
-    using T = decltype(t);
-    using W = decltype(w_tag);
-    using AccT = at::opmath_type<T>;
-    constexpr int V = decltype(v_tag)::value;
-    int64_t n = 0;
-    if (c.two_pass()) {
-      n = cuda::resident_groups(rms_norm_fwd_looped_kernel<T, W, AccT, V>, c.block, 1, 0);
-    } else {
-      with_fwd_kernel<T, W, AccT, V>(c, [&](auto kernel) { n = cuda::resident_groups(kernel, c.block, c.cluster, c.smem); });
-    }
-    return n;
+  return min_resident_row_groups(c, dtype, [&]<typename T, typename W, typename AccT, int V>(auto&& fn) {
+    if (c.two_pass()) return fn(rms_norm_fwd_looped_kernel<T, W, AccT, V>);
+    with_fwd_kernel<T, W, AccT, V>(c, fn);
   });
 }
 

@@ -363,22 +363,23 @@ inline LaunchConfigView rms_view(const RmsLaunchConfig& c, const RmsProblem& p) 
 
 // The launch view with the occupancy modelled from the facts (the launchers and
 // the variant a Plan reports on a GPU use the runtime's).
-inline LaunchConfigView rms_norm_launch_view(c10::IntArrayRef problem, c10::ScalarType dtype,
-                                             const DeviceFacts& facts) {
-  const RmsProblem p = rms_problem(problem, dtype, false);
+inline LaunchConfigView rms_modelled_launch_view(c10::IntArrayRef problem, c10::ScalarType dtype,
+                                                 const DeviceFacts& facts, bool backward) {
+  const RmsProblem p = rms_problem(problem, dtype, backward);
   return rms_view(rms_launch_config(p, facts, [&](const RmsLaunchConfig& s) {
-                    return rms_modelled_occupancy(s, false, facts);
+                    return rms_modelled_occupancy(s, backward, facts);
                   }),
                   p);
 }
 
+inline LaunchConfigView rms_norm_launch_view(c10::IntArrayRef problem, c10::ScalarType dtype,
+                                             const DeviceFacts& facts) {
+  return rms_modelled_launch_view(problem, dtype, facts, false);
+}
+
 inline LaunchConfigView rms_norm_backward_launch_view(c10::IntArrayRef problem, c10::ScalarType dtype,
                                                       const DeviceFacts& facts) {
-  const RmsProblem p = rms_problem(problem, dtype, true);
-  return rms_view(rms_launch_config(p, facts, [&](const RmsLaunchConfig& s) {
-                    return rms_modelled_occupancy(s, true, facts);
-                  }),
-                  p);
+  return rms_modelled_launch_view(problem, dtype, facts, true);
 }
 
 }  // namespace baracuda
