@@ -19,6 +19,7 @@
 #include "baracuda/fractional_max_pool_policy.h"
 #include "baracuda/launch_policy.h"
 #include "baracuda/repeat_policy.h"
+#include "baracuda/rms_norm_policy.h"
 #include "baracuda/variant.h"
 
 namespace baracuda {
@@ -112,6 +113,8 @@ void register_launch_policies() {
   policies["fractional_max_pool3d"] = &fmp_launch_view;
   policies["fractional_max_pool2d_backward"] = &fmp_backward_launch_view;
   policies["fractional_max_pool3d_backward"] = &fmp_backward_launch_view;
+  policies["rms_norm"] = &rms_norm_launch_view;
+  policies["rms_norm_backward"] = &rms_norm_backward_launch_view;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
-"""The CUDA launch policies of repeat, alibi, embedding_bag and fractional_max_pool as data
-(csrc/include/baracuda/<family>_policy.h): every branch of every policy, run on CPU with the
-recorded facts of an H100 and an H200, asserting on the config's fields. The configs pinned
-here are what the launchers pick on an H200."""
+"""The CUDA launch policies of repeat, alibi, embedding_bag, fractional_max_pool and rms_norm as
+data (csrc/include/baracuda/<family>_policy.h): every branch of every policy, run on CPU with
+the recorded facts of an H100 and an H200, asserting on the config's fields. The configs pinned
+here are what the launchers pick on an H200 (rms_norm's row groups of the kinds that walk rows
+by grid-stride follow the kernel's occupancy, modelled from the facts here; the launchers ask
+the runtime)."""
 
 import pytest
 import torch
@@ -10,6 +12,10 @@ import baracuda_ops
 from launch_configs import LaunchConfig, device_has_recorded_facts, launch_config
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+SMS = 132  # the recorded H100's and H200's
+# rms_norm_backward's dw_sum: no dW, written by the row kernel, by column CTAs beside decode
+# rows, or an ordered sum of partial rows (one a row group, in the workspace).
+DW_NONE, DW_DIRECT, DW_COLUMNS, DW_ORDERED = range(4)
 
 # (op, problem, dtype, kind, params the case pins, workspace bytes)
 CASES = [
@@ -119,6 +125,97 @@ CASES = [
      dict(blocks=210000, fixup_group=32, fixup_blocks=2112), 840000),
     ("fractional_max_pool2d_backward", [2, 4, 0, 16, 112, 112, 2, 2, 56, 56], F32, "owned_boxes",
      dict(blocks=0, fixup_blocks=0), 0),
+    # rms_norm: [M, N]. Nothing to run without rows or columns. Short rows share a CTA, a
+    # sub-warp each; N not a multiple of a 16-byte vector takes scalar accesses; a row per CTA
+    # (a CTA per row group); rows that need a cluster hold 8 vectors a thread, half the cluster
+    # (float64 spills at 8: 4); rows too long for registers read x twice.
+    ("rms_norm", [0, 4096], BF16, "empty", dict(row_groups=0), 0),
+    ("rms_norm", [4096, 0], BF16, "empty", dict(row_groups=0), 0),
+    ("rms_norm", [1024, 1024], BF16, "warp_rows", dict(vec_bytes=16, group=32, block=256, row_groups=1024 // 8), 0),
+    ("rms_norm", [1024, 64], F32, "warp_rows", dict(group=4, block=256), 0),
+    ("rms_norm", [1024, 1001], BF16, "cta_row", dict(vec_bytes=2, block=256), 0),
+    ("rms_norm", [1024, 4096], BF16, "cta_row", dict(block=128, cluster=1, vpt=4, row_groups=1024), 0),
+    ("rms_norm", [SMS + 1, 8192], F32, "cta_row", dict(block=512, cluster=1, vpt=4), 0),
+    # 4096 vectors: a cluster of 2 at 512 threads, so 8 vectors a thread in one CTA.
+    ("rms_norm", [1024, 16384], F32, "cta_row", dict(block=512, cluster=1, vpt=8), 0),
+    ("rms_norm", [2048, 65536], BF16, "cluster_row", dict(block=512, cluster=2, vpt=8, row_groups=2048), 0),
+    ("rms_norm", [512, 262144], BF16, "cluster_row", dict(block=1024, cluster=4, vpt=8), 0),
+    ("rms_norm", [4096, 32768], F32, "cluster_row", dict(block=512, cluster=2, vpt=8), 0),
+    ("rms_norm", [4096, 8192], F64, "cluster_row", dict(block=512, cluster=2, vpt=4), 0),
+    ("rms_norm", [2**20, 65536], BF16, "cluster_row", dict(row_groups=16 * SMS), 0),  # 16 waves, then grid-stride
+    ("rms_norm", [64, 2**20], F32, "two_pass_row", dict(vec_bytes=16, block=512, cluster=1, row_groups=64), 0),
+    # rms_norm decode rows (no more rows than SMs, a CTA each): at most 256 threads of 1, 2, 4
+    # or 8 vectors (float64: 2 at most, then 512 threads); past that, rows of a CTA.
+    ("rms_norm", [1, 2048], BF16, "decode_row", dict(vec_bytes=16, block=256, vpt=1, row_groups=1), 0),
+    ("rms_norm", [SMS, 4096], BF16, "decode_row", dict(vec_bytes=16, block=256, vpt=2, row_groups=SMS), 0),
+    ("rms_norm", [2, 6000], BF16, "decode_row", dict(vec_bytes=16, block=192, vpt=4, row_groups=2), 0),
+    ("rms_norm", [8, 8192], BF16, "decode_row", dict(vec_bytes=16, block=256, vpt=4, row_groups=8), 0),
+    ("rms_norm", [8, 4096], F32, "decode_row", dict(vec_bytes=16, block=256, vpt=4, row_groups=8), 0),
+    ("rms_norm", [8, 8192], F32, "decode_row", dict(vec_bytes=16, block=256, vpt=8, row_groups=8), 0),
+    ("rms_norm", [8, 2048], F64, "decode_row", dict(vec_bytes=16, block=512, vpt=2, row_groups=8), 0),
+    ("rms_norm", [SMS + 1, 4096], BF16, "cta_row", dict(block=128, cluster=1, vpt=4), 0),
+    ("rms_norm", [8, 16384], BF16, "cta_row", dict(block=512, cluster=1, vpt=4), 0),  # 2048 vectors: 8 a thread
+    # rms_norm_backward: [M, N, grad_weight's element size, 0 without dW]. The grid-stride kinds
+    # run one wave of row groups, each writing a dW partial row (dw_sum 3); without a dW, none.
+    ("rms_norm_backward", [0, 4096, 2], BF16, "empty", dict(row_groups=0, dw_sum=DW_NONE), 0),
+    ("rms_norm_backward", [4096, 0, 2], BF16, "empty", dict(row_groups=0, dw_sum=DW_NONE), 0),
+    ("rms_norm_backward", [4096, 1024, 2], BF16, "warp_rows",
+     dict(group=32, block=256, smem=256 * 4 * 8 * 4, row_groups=2 * SMS, dw_sum=DW_ORDERED), 2 * SMS * 1024 * 4),
+    ("rms_norm_backward", [1024, 4096, 2], BF16, "cta_row",
+     dict(block=128, smem=128 * 4 * 8 * 4, row_groups=4 * SMS, dw_sum=DW_ORDERED), 4 * SMS * 4096 * 4),
+    ("rms_norm_backward", [1024, 4096, 0], BF16, "cta_row", dict(block=128, smem=0, dw_sum=DW_NONE), 0),
+    # A single row too long for registers: the two-pass kernel keeps dW in a partial row.
+    ("rms_norm_backward", [1, 2**20, 2], BF16, "two_pass_row", dict(row_groups=1, dw_sum=DW_ORDERED), 2**20 * 4),
+    # rms_norm_backward decode rows: up to 512 threads of 1 vector, then of 2, then 1024
+    # threads of 2. A single row writes its dW itself up to 8 KB of it, else column CTAs
+    # (32 vectors each) beside the rows sum it, while rows and column CTAs fit one wave.
+    ("rms_norm_backward", [1, 3000, 2], BF16, "decode_row",
+     dict(block=384, vpt=1, row_groups=1, dw_sum=DW_DIRECT, dw_columns=0), 0),
+    ("rms_norm_backward", [1, 4096, 2], BF16, "decode_row",
+     dict(block=512, vpt=1, row_groups=1, dw_sum=DW_DIRECT, dw_columns=0), 0),
+    ("rms_norm_backward", [1, 2048, 4], F32, "decode_row",
+     dict(block=512, vpt=1, row_groups=1, dw_sum=DW_DIRECT, dw_columns=0), 0),
+    ("rms_norm_backward", [1, 4096, 4], F32, "decode_row",
+     dict(block=512, vpt=2, row_groups=1, dw_sum=DW_COLUMNS, dw_columns=32), 0),
+    ("rms_norm_backward", [1, 8192, 2], BF16, "decode_row",
+     dict(block=512, vpt=2, row_groups=1, dw_sum=DW_COLUMNS, dw_columns=32), 0),
+    ("rms_norm_backward", [1, 8192, 4], F32, "decode_row",
+     dict(block=1024, vpt=2, row_groups=1, dw_sum=DW_COLUMNS, dw_columns=64), 0),
+    ("rms_norm_backward", [1, 16384, 2], BF16, "decode_row",
+     dict(block=1024, vpt=2, row_groups=1, dw_sum=DW_COLUMNS, dw_columns=64), 0),
+    ("rms_norm_backward", [1, 4096, 4], BF16, "decode_row",  # a float32 weight: a 16 KB dW
+     dict(block=512, vpt=1, dw_sum=DW_COLUMNS, dw_columns=16), 0),
+    ("rms_norm_backward", [8, 8192, 2], BF16, "decode_row",
+     dict(block=512, vpt=2, row_groups=8, dw_sum=DW_COLUMNS, dw_columns=32), 0),
+    ("rms_norm_backward", [SMS, 4096, 2], BF16, "decode_row",
+     dict(block=512, vpt=1, row_groups=SMS, dw_sum=DW_COLUMNS, dw_columns=16), 0),
+    ("rms_norm_backward", [SMS - 64, 8192, 4], F32, "decode_row",
+     dict(block=1024, vpt=2, row_groups=SMS - 64, dw_sum=DW_COLUMNS, dw_columns=64), 0),
+    ("rms_norm_backward", [1, 8192, 0], BF16, "decode_row",
+     dict(block=512, vpt=2, row_groups=1, dw_sum=DW_NONE, dw_columns=0), 0),
+    ("rms_norm_backward", [SMS + 1, 4096, 2], BF16, "cta_row", dict(block=128, dw_sum=DW_ORDERED), None),
+    ("rms_norm_backward", [SMS - 63, 8192, 4], F32, "cta_row", dict(block=512, dw_sum=DW_ORDERED), None),
+    # rms_norm_backward cluster rows: a single row too long for the decode kernel, one vector a
+    # thread over a cluster of 8; a few such rows, a cluster of 2 each. Two CTAs an SM (64
+    # registers), so clusters of 4 of 512 threads fit SMS / 2 times (one wave); float32 rows
+    # the same register kernel.
+    ("rms_norm_backward", [1, 32768, 2], BF16, "cluster_row",
+     dict(cluster=8, block=512, vpt=1, ctas_per_sm=2, smem=0, row_groups=1, dw_sum=DW_DIRECT), 0),
+    ("rms_norm_backward", [8, 32768, 2], BF16, "cluster_row",
+     dict(cluster=2, block=512, vpt=4, ctas_per_sm=2, row_groups=8, dw_sum=DW_ORDERED), 8 * 32768 * 4),
+    ("rms_norm_backward", [2048, 65536, 2], BF16, "cluster_row",
+     dict(cluster=4, block=512, ctas_per_sm=2, stages=0, smem=512 * 4 * 8 * 4, row_groups=SMS // 2,
+          dw_sum=DW_ORDERED), SMS // 2 * 65536 * 4),
+    ("rms_norm_backward", [2048, 65536, 0], BF16, "cluster_row", dict(cluster=4, dw_sum=DW_NONE), 0),
+    ("rms_norm_backward", [2048, 65536, 4], F32, "cluster_row", dict(cluster=8, ctas_per_sm=2), None),
+    # A float32 dW on a half input: the streamed kernel, one CTA an SM, 3 rows of x and dy
+    # staged by bulk copies, so SMS / 4 clusters of 4.
+    ("rms_norm_backward", [2048, 65536, 4], BF16, "streamed_cluster_row",
+     dict(cluster=4, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4,
+          dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
+    ("rms_norm_backward", [2048, 65536, 4], F16, "streamed_cluster_row",
+     dict(cluster=4, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4,
+          dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
 ]
 
 def _id(case):
@@ -155,6 +252,11 @@ def test_every_kind_is_reached():
         ("fractional_max_pool2d_backward", "owned_boxes"), ("fractional_max_pool2d_backward", "tile_counts"),
         ("fractional_max_pool2d_backward", "tile_stores"), ("fractional_max_pool3d_backward", "tile_counts"),
         ("fractional_max_pool3d_backward", "owned_boxes"),
+        ("rms_norm", "empty"), ("rms_norm", "warp_rows"), ("rms_norm", "cta_row"), ("rms_norm", "cluster_row"),
+        ("rms_norm", "decode_row"), ("rms_norm", "two_pass_row"),
+        ("rms_norm_backward", "empty"), ("rms_norm_backward", "warp_rows"), ("rms_norm_backward", "cta_row"),
+        ("rms_norm_backward", "cluster_row"), ("rms_norm_backward", "streamed_cluster_row"),
+        ("rms_norm_backward", "decode_row"), ("rms_norm_backward", "two_pass_row"),
     }
 
 
@@ -176,10 +278,37 @@ def test_describe_is_kind_and_params_in_order():
     ("repeat_backward", [2, 4, 5, 3], "baracuda::repeat_backward: repeats [3] has 1 entries"),
     ("embedding_bag_backward", [1, 2, 3], "baracuda::embedding_bag_backward: malformed problem [1, 2, 3]"),
     ("fractional_max_pool2d", [4, 1], "baracuda::fractional_max_pool: malformed problem [4, 1]"),
+    ("rms_norm", [4, 8, 2], "baracuda::rms_norm: malformed problem [4, 8, 2]"),
+    ("rms_norm_backward", [4, 8], "baracuda::rms_norm_backward: malformed problem [4, 8]"),
 ])
 def test_malformed_problems_are_value_errors(op, problem, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         launch_config(op, problem, F32)
+
+
+def test_rms_norm_dtype_must_be_floating():
+    with pytest.raises(ValueError, match=r"baracuda::rms_norm: dtype must be"):
+        launch_config("rms_norm", [4, 8], torch.int32)
+
+
+@pytest.mark.parametrize("facts", ["h100", "h200"])
+def test_rms_norm_backward_row_groups_run_in_one_wave(facts):
+    # Every kind that walks rows by grid-stride launches at most the row groups an SM holds
+    # at once times the SMs (clusters: ctas_per_sm CTAs an SM), each writing one dW partial
+    # row: the workspace is those rows, and nothing without an ordered dW sum.
+    for op, problem, dtype, *_ in CASES:
+        if op != "rms_norm_backward":
+            continue
+        config = launch_config(op, problem, dtype, facts)
+        acc_bytes = 8 if dtype == F64 else 4
+        if config["dw_sum"] == DW_ORDERED:
+            assert config.workspace_bytes == config["row_groups"] * problem[1] * acc_bytes, problem
+        else:
+            assert config.workspace_bytes == 0, problem
+        if config.kind in ("empty", "decode_row"):
+            continue
+        per_sm = config["ctas_per_sm"] if config["cluster"] > 1 else 1024 // config["block"]
+        assert 1 <= config["row_groups"] <= SMS * per_sm // config["cluster"], (problem, config)
 
 
 def test_embedding_bag_backward_past_uint32_is_not_implemented():
@@ -211,6 +340,15 @@ def test_plan_variant_is_the_launch_config():
         ("fractional_max_pool2d_backward", baracuda_ops.FractionalMaxPool2dBackwardPlan.select(
             baracuda_ops.FractionalMaxPool2dDescriptor((8, 16, 112, 112), (3, 3), (56, 56), F32, device)),
          [2, 4, 8, 16, 112, 112, 3, 3, 56, 56], F32),
+        # rms_norm's kinds whose grid needs no occupancy (the others: test_rms_norm.py).
+        ("rms_norm", baracuda_ops.RMSNormPlan.select(
+            baracuda_ops.RMSNormDescriptor((1024, 4096), (4096,), BF16, device=device)), [1024, 4096], BF16),
+        ("rms_norm", baracuda_ops.RMSNormPlan.select(
+            baracuda_ops.RMSNormDescriptor((8, 8192), (8192,), BF16, device=device)), [8, 8192], BF16),
+        ("rms_norm_backward", baracuda_ops.RMSNormBackwardPlan.select(
+            baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), BF16, device=device)), [1, 4096, 2], BF16),
+        ("rms_norm_backward", baracuda_ops.RMSNormBackwardPlan.select(
+            baracuda_ops.RMSNormBackwardDescriptor((8, 8192), (8192,), BF16, device=device)), [8, 8192, 2], BF16),
     ]
     for op, plan, problem, dtype in plans:
         config = launch_config(op, problem, dtype)

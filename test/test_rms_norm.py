@@ -9,6 +9,7 @@ from expecttest import TestCase
 import baracuda_ops
 from helpers import (FLOAT_DTYPES, TOLERANCES, assert_close, check_compile_matches_eager, poison, random,
                      require_free_gpu_memory)
+from launch_configs import device_has_recorded_facts, launch_config
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -43,6 +44,14 @@ def weight_kinds(dtype):
 
 def acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rms_config(m, n, dtype, backward=False, dw_dtype=None):
+    """The CUDA launch config that the policy picks with an H200's recorded facts
+    (test_launch_policy.py covers the policy itself)."""
+    if backward:
+        return launch_config("rms_norm_backward", [m, n, (dw_dtype or dtype).itemsize], dtype)
+    return launch_config("rms_norm", [m, n], dtype)
 
 
 def reference(x, normalized_shape, weight, eps=None):
@@ -189,32 +198,27 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     assert_close(dw, refs[1], dtype=wdt, scale=4 * 300**0.5)
     again = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
     assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
-    plan = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor((300, n), (n,), dtype,
-                                                                                          device=device))
-    if torch.cuda.get_device_capability()[0] >= 9:
-        assert plan.sku().variant.startswith("cluster_row<")
-        streamed = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
-            (300, n), (n,), dtype, weight_dtype=wdt, device=device)).sku().variant
-        assert ("rows staged by bulk copies" in streamed) == (wdt == torch.float32 and dtype != torch.float32)
+    assert rms_config(300, n, dtype, backward=True).kind == "cluster_row"
+    streamed = rms_config(300, n, dtype, backward=True, dw_dtype=wdt).kind == "streamed_cluster_row"
+    assert streamed == (wdt == torch.float32 and dtype != torch.float32)
 
 
 @pytest.mark.big_memory
 @pytest.mark.parametrize("n,wdt,kernel", [(1024, torch.bfloat16, "warp_rows"), (8192, torch.bfloat16, "cta_row"),
-                                          (65536, torch.bfloat16, "cluster_row"), (65536, torch.float32, "bulk copies"),
+                                          (65536, torch.bfloat16, "cluster_row"),
+                                          (65536, torch.float32, "streamed_cluster_row"),
                                           (2**20, torch.bfloat16, "two_pass_row")])
 def test_cuda_past_2_31_elements(n, wdt, kernel):
     # bfloat16 inputs of 2^31 + 3n elements, the last three rows wholly past element 2^31,
     # through each kind of row kernel (`kernel` names the forward's or, with a float32
-    # weight, the backward's variant). Rows from the start, middle and end against float64;
+    # weight, the backward's kernel kind). Rows from the start, middle and end against float64;
     # dW (a sum over every row) against a float64 sum, with the last rows' grad scaled up so
     # that a row lost or read from the wrong place shows in it.
     require_free_gpu_memory(20)
     m, dtype = (1 << 31) // n + 3, torch.bfloat16
-    fwd = baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype, weight_dtype=wdt,
-                                                                         device="cuda")).sku().variant
-    bwd = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
-        (m, n), (n,), dtype, weight_dtype=wdt, device="cuda")).sku().variant
-    assert kernel in (bwd if wdt == torch.float32 else fwd), (fwd, bwd)
+    fwd = rms_config(m, n, dtype).kind
+    bwd = rms_config(m, n, dtype, backward=True, dw_dtype=wdt).kind
+    assert kernel == (bwd if wdt == torch.float32 else fwd), (fwd, bwd)
     x = torch.randn(m, n, dtype=dtype, device="cuda")
     w = torch.randn(n, dtype=wdt, device="cuda")
     rows = torch.tensor([0, 1, m // 2, m - 4, m - 3, m - 2, m - 1], device="cuda")
@@ -471,10 +475,12 @@ def test_plan_run_writes_every_element(device, shape, ns, dtype, wdt):
     bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), ws)
     ref = torch.ops.baracuda.rms_norm_backward(g, x, list(ns), rstd, w, [True, True])
     assert torch.equal(gi, ref[0]) and torch.equal(gw, ref[1])
-    if device.type == "cuda" and ("direct_dw" in bplan.sku().variant or "dw_columns" in bplan.sku().variant):
-        assert bplan.workspace_size() == 0  # one row group, or decode rows' column CTAs, write dW itself
+    # The variant names the launch config: its dW sum (dw_sum=3: partial rows in the
+    # workspace; 1 or 2: one row group, or decode rows' column CTAs, write dW itself).
+    if device.type == "cuda" and "dw_sum=3" not in bplan.sku().variant:
+        assert bplan.workspace_size() == 0
     elif device.type == "cuda":
-        assert bplan.workspace_size() > 0 and "ordered_dw_sum" in bplan.sku().variant
+        assert bplan.workspace_size() > 0
         with pytest.raises(baracuda_ops.WorkspaceTooSmallError):
             bplan.run(baracuda_ops.RMSNormBackwardArgs(g, x, rstd, w, gi, gw), baracuda_ops.Workspace.allocate(8, device))
         with pytest.raises(baracuda_ops.UnsupportedError):
@@ -522,84 +528,34 @@ def test_plan_errors(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_variants_follow_row_length():
-    def variant(n, dtype, backward=False, m=1024):
+def test_cuda_plan_variant_is_the_launch_config():
+    # The Plan's variant is the policy's config on this device, kind<name=value,...>;
+    # on a device the policies see as the recorded H100/H200 the shape matches the
+    # recorded facts' config (the row groups and dW sum of grid-stride kinds follow the
+    # runtime's occupancy, which the recorded config models).
+    same_card = device_has_recorded_facts(torch.device("cuda"))
+    for m, n, dtype, backward in [(1024, 1024, torch.bfloat16, False), (1024, 4096, torch.bfloat16, False),
+                                  (2048, 65536, torch.bfloat16, False), (8, 8192, torch.float32, False),
+                                  (64, 2**20, torch.float32, False), (1024, 4096, torch.bfloat16, True),
+                                  (1, 4096, torch.bfloat16, True), (2048, 65536, torch.bfloat16, True)]:
         if backward:
-            desc = baracuda_ops.RMSNormBackwardDescriptor((m, n), (n,), dtype, device="cuda")
-            return baracuda_ops.RMSNormBackwardPlan.select(desc).sku().variant
-        return baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype, device="cuda")).sku().variant
-
-    assert variant(1024, torch.bfloat16).startswith("warp_rows<32 threads/row,8 rows/cta,16B>")
-    assert variant(4096, torch.bfloat16) == "cta_row<128,16B>"
-    if torch.cuda.get_device_capability()[0] >= 9:
-        # Forward rows that need a cluster hold 8 vectors per thread, half the cluster.
-        assert variant(65536, torch.bfloat16) == "cluster_row<2x512,16B,8 vectors/thread>"
-        assert variant(262144, torch.bfloat16) == "cluster_row<4x1024,16B,8 vectors/thread>"
-        assert variant(32768, torch.float32) == "cluster_row<2x512,16B,8 vectors/thread>"
-        assert variant(16384, torch.float32) == "cta_row<512,16B,8 vectors/thread>"  # 4 vectors: a cluster of 2
-        # The backward's row groups (its dW partial rows) all run at once: two 512-thread
-        # CTAs of this kernel fill an SM, so clusters of 4 fit at most num_sms / 2 times
-        # (a grid sized past that leaves a tail wave).
-        plan = baracuda_ops.RMSNormBackwardPlan.select(
-            baracuda_ops.RMSNormBackwardDescriptor((2048, 65536), (65536,), torch.bfloat16, device="cuda"))
-        assert plan.sku().variant.startswith("cluster_row<4x512,16B,2 ctas/sm>")
-        partial_rows = plan.workspace_size() // (65536 * 4)
-        assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 2
-        # With a float32 weight (dW) on a half input: one CTA per SM, x and dy staged
-        # by bulk copies, so at most num_sms / 4 clusters of 4.
-        plan = baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
-            (2048, 65536), (65536,), torch.bfloat16, weight_dtype=torch.float32, device="cuda"))
-        assert plan.sku().variant.startswith("cluster_row<4x512,16B,3 rows staged by bulk copies>+ordered_dw_sum<")
-        partial_rows = plan.workspace_size() // (65536 * 4)
-        assert 1 <= partial_rows <= torch.cuda.get_device_properties(0).multi_processor_count // 4
-    assert variant(2**20, torch.float32).startswith("two_pass_row<512,16B>")
-    assert "ordered_dw_sum" in variant(4096, torch.bfloat16, backward=True)
-    one_row = baracuda_ops.RMSNormBackwardPlan.select(
-        baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, device="cuda"))
-    assert one_row.sku().variant == "decode_row<512,16B,1 vector/thread>+direct_dw"
-    assert one_row.workspace_size() == 0  # one row group
-    # Decode rows (no more rows than SMs, a CTA each): forward in at most 256
-    # threads of up to 4 vectors (float32 up to 8; float64 2, then 512 threads of 2).
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert variant(2048, torch.bfloat16, m=1) == "decode_row<256,16B,1 vector/thread>"
-    assert variant(4096, torch.bfloat16, m=sms) == "decode_row<256,16B,2 vectors/thread>"
-    assert variant(4096, torch.bfloat16, m=sms + 1) == "cta_row<128,16B>"
-    assert variant(6000, torch.bfloat16, m=2) == "decode_row<192,16B,4 vectors/thread>"
-    assert variant(8192, torch.bfloat16, m=8) == "decode_row<256,16B,4 vectors/thread>"
-    assert variant(16384, torch.bfloat16, m=8) == "cta_row<512,16B>"  # 2048 vectors: 8 per thread
-    assert variant(4096, torch.float32, m=8) == "decode_row<256,16B,4 vectors/thread>"
-    assert variant(8192, torch.float32, m=8) == "decode_row<256,16B,8 vectors/thread>"
-    assert variant(2048, torch.float64, m=8) == "decode_row<512,16B,2 vectors/thread>"
-    assert variant(8192, torch.float32, m=sms + 1) == "cta_row<512,16B>"
-    # Backward: up to 512 threads of 1 vector, then of 2, then 1024 threads of 2.
-    # A single row writes its dW itself up to 8 KB of it, else column CTAs beside it do.
-    assert variant(3000, torch.bfloat16, backward=True, m=1) == "decode_row<384,16B,1 vector/thread>+direct_dw"
-    assert variant(2048, torch.float32, backward=True, m=1) == "decode_row<512,16B,1 vector/thread>+direct_dw"
-    assert variant(4096, torch.float32, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"
-    assert variant(8192, torch.bfloat16, backward=True, m=1) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"
-    assert variant(8192, torch.float32, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+dw_columns<64 ctas>"
-    assert variant(16384, torch.bfloat16, backward=True, m=1) == "decode_row<1024,16B,2 vectors/thread>+dw_columns<64 ctas>"
-    f32_weight = baracuda_ops.RMSNormBackwardDescriptor((1, 4096), (4096,), torch.bfloat16, weight_dtype=torch.float32,
-                                                        device="cuda")
-    assert (baracuda_ops.RMSNormBackwardPlan.select(f32_weight).sku().variant
-            == "decode_row<512,16B,1 vector/thread>+dw_columns<16 ctas>")  # a 16 KB dW
-    # More than one row: dW by columns in CTAs beside the rows (32 vectors each), while
-    # all of them fit in one wave.
-    assert variant(8192, torch.bfloat16, backward=True, m=8) == "decode_row<512,16B,2 vectors/thread>+dw_columns<32 ctas>"
-    assert baracuda_ops.RMSNormBackwardPlan.select(baracuda_ops.RMSNormBackwardDescriptor(
-        (8, 8192), (8192,), torch.bfloat16, device="cuda")).workspace_size() == 0  # no partials
-    assert variant(4096, torch.bfloat16, backward=True, m=sms) == "decode_row<512,16B,1 vector/thread>+dw_columns<16 ctas>"
-    assert variant(4096, torch.bfloat16, backward=True, m=sms + 1).startswith("cta_row<128,16B>+ordered_dw_sum<")
-    assert (variant(8192, torch.float32, backward=True, m=sms - 64)
-            == "decode_row<1024,16B,2 vectors/thread>+dw_columns<64 ctas>")
-    assert variant(8192, torch.float32, backward=True, m=sms - 63).startswith("cta_row<512,16B>+ordered_dw_sum<")
-    if torch.cuda.get_device_capability()[0] >= 9:
-        # A single row too long for that: one vector per thread over a cluster of 8;
-        # a few such rows: a cluster of 2 each.
-        assert (variant(32768, torch.bfloat16, backward=True, m=1)
-                == "cluster_row<8x512,16B,1 vector/thread,2 ctas/sm>+direct_dw")
-        assert (variant(32768, torch.bfloat16, backward=True, m=8)
-                == "cluster_row<2x512,16B,2 ctas/sm>+ordered_dw_sum<8 partials>")
+            plan = baracuda_ops.RMSNormBackwardPlan.select(
+                baracuda_ops.RMSNormBackwardDescriptor((m, n), (n,), dtype, device="cuda"))
+        else:
+            plan = baracuda_ops.RMSNormPlan.select(baracuda_ops.RMSNormDescriptor((m, n), (n,), dtype, device="cuda"))
+        variant = plan.sku().variant
+        kind, rest = variant.split("<", 1)
+        params = dict((k, int(v)) for k, v in (kv.split("=") for kv in rest.rstrip(">").split(",")))
+        if params["dw_sum"] == 3:
+            assert plan.workspace_size() == params["row_groups"] * n * 4
+        else:
+            assert plan.workspace_size() == 0
+        if same_card:
+            want = rms_config(m, n, dtype, backward)
+            assert kind == want.kind, (variant, want)
+            for field in ("vec_bytes", "group", "block", "cluster", "vpt", "ctas_per_sm", "stages", "smem",
+                          "dw_columns"):
+                assert params[field] == want[field], (field, variant, want)
 
 
 # ---------------------------------------------------------------------------- schemas and errors

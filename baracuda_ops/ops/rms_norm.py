@@ -426,8 +426,8 @@ class RMSNormBackwardArgs:
 
 class RMSNormBackwardPlan(Plan):
     """Writes rms_norm's gradients into ``args.grad_input`` / ``args.grad_weight``; the dW
-    partials live in the workspace (``workspace_size()`` bytes, 0 when the CUDA variant is
-    ``...+direct_dw``: one row group writes dW itself)."""
+    partials live in the workspace (``workspace_size()`` bytes, 0 when the CUDA launch config's
+    ``dw_sum`` is not 3: one row group, or decode rows' column CTAs, write dW itself)."""
 
     op = "rms_norm_backward"
 

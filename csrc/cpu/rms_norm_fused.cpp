@@ -203,12 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cpu(
     c10::string_view casting_name) {
   const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
   check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
-  auto output =
-      at::empty(input.sizes(), input.options().dtype(fused_output_dtype(input.scalar_type(), weight, casting)));
-  auto residual_out =
-      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
-  auto rstd = at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
-                        input.options().dtype(rms_acc_dtype(input.scalar_type())));
+  auto [output, residual_out, rstd] = empty_rms_norm_fused_outputs(input, residual, normalized_shape, weight, casting);
   rms_norm_fused_out_cpu(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
                          residual_out, rstd);
   return {output, residual_out, rstd};
@@ -254,12 +249,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cpu(
     c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
   parse_casting(kRmsNormQuantOp, casting_name);
   check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
-  auto output = at::empty(input.sizes(), input.options().dtype(at::kFloat8_e4m3fn));
-  auto residual_out =
-      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
-  auto scale_out = has_tensor(scale) ? at::empty({0}, input.options().dtype(at::kFloat))
-                                     : at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
-                                                 input.options().dtype(at::kFloat));
+  auto [output, residual_out, scale_out] = empty_rms_norm_quant_outputs(input, residual, normalized_shape, scale);
   rms_norm_quant_out_cpu(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
                          residual_out, scale_out);
   return {output, residual_out, scale_out};
@@ -314,10 +304,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cpu(
   const Casting casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
   check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
                                 casting, input_dtype);
-  at::Tensor grad_input, grad_residual, grad_weight;
-  if (output_mask[0]) grad_input = at::empty(h.sizes(), h.options().dtype(input_dtype));
-  if (output_mask[1]) grad_residual = at::empty(h.sizes(), h.options());
-  if (output_mask[2] && has_tensor(weight)) grad_weight = at::empty(weight->sizes(), weight->options());
+  auto [grad_input, grad_residual, grad_weight] = empty_rms_norm_fused_grads(h, weight, input_dtype, output_mask);
   const auto none = at::empty({0}, h.options());
   rms_norm_fused_backward_out_cpu(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
                                   casting_name, input_dtype, output_mask, grad_input.defined() ? grad_input : none,

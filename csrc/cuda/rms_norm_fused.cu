@@ -608,12 +608,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cuda(
     c10::string_view casting_name) {
   const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
   check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
-  auto output =
-      at::empty(input.sizes(), input.options().dtype(fused_output_dtype(input.scalar_type(), weight, casting)));
-  auto residual_out =
-      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
-  auto rstd = at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
-                        input.options().dtype(rms_acc_dtype(input.scalar_type())));
+  auto [output, residual_out, rstd] = empty_rms_norm_fused_outputs(input, residual, normalized_shape, weight, casting);
   rms_norm_fused_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
                           residual_out, rstd);
   return {output, residual_out, rstd};
@@ -672,12 +667,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cuda(
     c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
   parse_casting(kRmsNormQuantOp, casting_name);
   check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
-  auto output = at::empty(input.sizes(), input.options().dtype(at::kFloat8_e4m3fn));
-  auto residual_out =
-      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
-  auto scale_out = has_tensor(scale) ? at::empty({0}, input.options().dtype(at::kFloat))
-                                     : at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
-                                                 input.options().dtype(at::kFloat));
+  auto [output, residual_out, scale_out] = empty_rms_norm_quant_outputs(input, residual, normalized_shape, scale);
   rms_norm_quant_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
                           residual_out, scale_out);
   return {output, residual_out, scale_out};
@@ -764,11 +754,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cuda(
   const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
                                                   weight_offset, casting, input_dtype);
   const c10::cuda::CUDAGuard guard(h.device());
-  at::Tensor grad_input, grad_residual, grad_weight;
-  if (output_mask[0]) grad_input = at::empty(h.sizes(), h.options().dtype(input_dtype));
-  if (output_mask[1]) grad_residual = at::empty(h.sizes(), h.options());
-  const bool want_dw = output_mask[2] && has_tensor(weight);
-  if (want_dw) grad_weight = at::empty(weight->sizes(), weight->options());
+  auto [grad_input, grad_residual, grad_weight] = empty_rms_norm_fused_grads(h, weight, input_dtype, output_mask);
+  const bool want_dw = grad_weight.defined();
   const auto none = at::empty({0}, h.options());
   const int64_t need =
       rows.M > 0 ? choose_backward(rows, c10::elementSize(input_dtype), acc_bytes_of(input_dtype), want_dw).workspace

@@ -22,6 +22,7 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -33,6 +34,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -313,6 +315,47 @@ C10_HOST_DEVICE inline acc_t fused_xhat(acc_t h, acc_t rstd, bool llama) {
 template <typename W, typename acc_t>
 C10_HOST_DEVICE inline acc_t fused_weight(const W* w, int64_t j, acc_t offset) {
   return w == nullptr ? acc_t(1) : static_cast<acc_t>(w[j]) + offset;
+}
+
+// The functional ops' outputs, allocated alike on every device (the .out kernels fill them).
+// rms_norm_fused: (output in fused_output_dtype, residual_out like the residual, or
+// empty without one, rstd).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_rms_norm_fused_outputs(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, c10::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, Casting casting) {
+  auto output =
+      at::empty(input.sizes(), input.options().dtype(fused_output_dtype(input.scalar_type(), weight, casting)));
+  auto residual_out =
+      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
+  auto rstd = at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
+                        input.options().dtype(rms_acc_dtype(input.scalar_type())));
+  return {output, residual_out, rstd};
+}
+
+// rms_norm_quant: (float8_e4m3fn output, residual_out as above, the per-row scales of
+// a dynamic scale, or empty with a static one).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_rms_norm_quant_outputs(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, c10::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& scale) {
+  auto output = at::empty(input.sizes(), input.options().dtype(at::kFloat8_e4m3fn));
+  auto residual_out =
+      has_tensor(residual) ? at::empty(input.sizes(), residual->options()) : at::empty({0}, input.options());
+  auto scale_out = has_tensor(scale) ? at::empty({0}, input.options().dtype(at::kFloat))
+                                     : at::empty(rms_rstd_shape(input.sizes(), normalized_shape.size()),
+                                                 input.options().dtype(at::kFloat));
+  return {output, residual_out, scale_out};
+}
+
+// rms_norm_fused_backward: the gradients output_mask asks for (grad_weight only with a
+// weight); the others undefined (None in Python), as aten::_fused_rms_norm_backward returns.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_rms_norm_fused_grads(
+    const at::Tensor& h, const std::optional<at::Tensor>& weight, at::ScalarType input_dtype,
+    std::array<bool, 3> output_mask) {
+  at::Tensor grad_input, grad_residual, grad_weight;
+  if (output_mask[0]) grad_input = at::empty(h.sizes(), h.options().dtype(input_dtype));
+  if (output_mask[1]) grad_residual = at::empty(h.sizes(), h.options());
+  if (output_mask[2] && has_tensor(weight)) grad_weight = at::empty(weight->sizes(), weight->options());
+  return {grad_input, grad_residual, grad_weight};
 }
 
 }  // namespace baracuda
