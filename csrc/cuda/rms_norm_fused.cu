@@ -10,7 +10,7 @@
 //   Forward: h = R(x + r) is written once and kept (as stored) in registers, so x and
 //   r are read once; rstd = 1 / sqrt(mean(h^2) + eps), y = fused_output(h, rstd, w).
 //   rms_norm_quant: the same rows, then (dynamic scale) the row's max |y|, and q.
-//   Backward: dy and h in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
+//   Backward: dy, h (and dres) in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
 //   k = rstd^3 * sum(g * h) / N. A thread's dW columns are the same for every row it
 //   visits: it sums dy * x_hat over its rows in registers; the CTA's sub-warps add
 //   theirs into the CTA's partial row in order, and dw_sum_kernel adds the CTAs'
@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "baracuda/checks.h"
 #include "baracuda/cuda_utils.cuh"
@@ -102,13 +103,15 @@ FusedChoice choose_forward(const FusedRows& s, int64_t elem) {
   return {threads, group, vpt, std::max<int64_t>(1, std::min(row_groups, resident_ctas(threads))), 0};
 }
 
-// Backward: 2 vectors a thread, 4 for longer rows (dy and h of a 16-bit input with
-// float dW sums: 64 registers), up to 512 threads a row: N up to 16384 (16-bit),
-// 8192 (float32), 4096 (float64). A per-head weight with dW: the CTA-per-row kernel.
+// Backward: 2 vectors a thread, 4 for longer rows (dy, h and dres of a 16-bit input with
+// float dW sums: 80 registers), up to 512 threads a row: N up to 16384 (16-bit), 8192
+// (float32), 4096 (float64); and 4 where that keeps a row within a warp (a sub-warp row
+// sums by shuffles alone, no barrier). A per-head weight with dW: the CTA-per-row kernel.
 FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes, bool want_dw) {
   const int64_t V = 16 / elem;
   const bool rows = s.N % V == 0 && (s.H == 1 || !want_dw);
-  const auto [group, vpt] = rows ? row_split(s.N / V, {2, 4}, kBwdMaxThreads) : std::pair<int, int>{0, 0};
+  auto [group, vpt] = rows ? row_split(s.N / V, {2, 4}, kBwdMaxThreads) : std::pair<int, int>{0, 0};
+  if (vpt == 2 && group == 64) std::tie(group, vpt) = std::pair<int, int>{32, 4};
   if (group == 0) {
     const int threads = cta_threads(s.N);
     const int64_t periods = s.H > 0 ? s.M / s.H : 0;
@@ -190,6 +193,9 @@ struct RowSlot {
     step = int64_t(gridDim.x) * rows_per_cta;
   }
 };
+
+// Asks for p's cache line into L1 (no register, no wait).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // Sum over the threads of one row (row_sum without a cluster), the same bits in each.
 template <typename AccT>
@@ -277,9 +283,18 @@ __global__ void __launch_bounds__(kMaxThreads)
         hv[j] = raw_of<R, V>(h);
       }
     }
+    // The weight is used after the row's sum: asked for now, its lines wait in L1 (a decode row
+    // saves a round trip to memory).
+    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
+    if (wr != nullptr) {
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + L.u;
+        if (live && q < nv) prefetch_l1(wr + int64_t(q) * V);
+      }
+    }
     const AccT ss = sum_in_row(sum_of_squares<AccT, R, V>(hv), group, scratch);
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
-    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
     // y for vector j (element i) of this thread, as OutT rounds it.
     const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
       return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
@@ -347,8 +362,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
   for (int64_t first = L.first; first < s.M; first += L.step) {
     const int64_t row = first + L.g;
     const bool live = row < s.M;
+    // dy, h and dres of the row are loaded together: one round trip to memory per row.
     cuda::RawVec<OutT, V> dyv[Vpt] = {};
-    cuda::RawVec<R, V> hv[Vpt] = {};
+    cuda::RawVec<R, V> hv[Vpt] = {}, dresv[Vpt] = {};
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * group + L.u;
@@ -356,6 +372,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
       const int64_t at = row * N + int64_t(q) * V;
       dyv[j] = load_row_raw<OutT, V>(dy + at);
       hv[j] = load_row_raw<R, V>(h + at);
+      if (want_d && dres != nullptr) dresv[j] = load_row_raw<R, V>(dres + at);
     }
     const AccT r = live ? rstd[row] : AccT(0);
     const W* wr = w != nullptr ? w + (live ? row % s.H : 0) * N : nullptr;
@@ -385,9 +402,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads)
           d[i] = r * (cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i]) - cuda::raw_elem<AccT, R, V>(hv[j], i) * k;
         }
         if (dres != nullptr) {
-          const auto gv = load_row_raw<R, V>(dres + at);
 #pragma unroll
-          for (int i = 0; i < V; ++i) d[i] += cuda::raw_elem<AccT, R, V>(gv, i);
+          for (int i = 0; i < V; ++i) d[i] += cuda::raw_elem<AccT, R, V>(dresv[j], i);
         }
         if (dx != nullptr) store_row_slice<T, V>(dx + at, d);
         if (dr != nullptr) store_row_slice<R, V>(dr + at, d);
