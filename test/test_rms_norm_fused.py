@@ -546,7 +546,7 @@ def test_residual_and_weight_device_mismatch_cuda():
 def test_out_variant_outputs_aligned_on_cuda():
     # the CUDA kernels store 16-byte vectors: an output starting off a 16-byte boundary is refused, as rms_norm's
     x = torch.randn(3, 8, device="cuda")
-    ok, rstd = torch.empty(3, 8, device="cuda"), torch.empty(3, device="cuda")
+    ok, rstd = torch.empty(3, 8, device="cuda"), torch.empty(3, 1, device="cuda")
     shifted = torch.empty(25, device="cuda")[1:].view(3, 8)
     with pytest.raises(ValueError, match="baracuda::rms_norm_fused: output must be contiguous and 16-byte aligned"):
         torch.ops.baracuda.rms_norm_fused.out(x, x, [8], None, output=shifted, residual_out=ok, rstd=rstd)
