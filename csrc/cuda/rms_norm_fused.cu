@@ -104,7 +104,7 @@ FusedChoice choose_forward(const FusedRows& s, int64_t elem) {
 }
 
 // Backward: 2 vectors a thread, 4 for longer rows (dy, h and dres of a 16-bit input with
-// float dW sums: 80 registers), up to 512 threads a row: N up to 16384 (16-bit), 8192
+// float dW sums: 80 to 128 registers), up to 512 threads a row: N up to 16384 (16-bit), 8192
 // (float32), 4096 (float64); and 4 where that keeps a row within a warp (a sub-warp row
 // sums by shuffles alone, no barrier). A per-head weight with dW: the CTA-per-row kernel.
 FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes, bool want_dw) {
@@ -118,8 +118,8 @@ FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes,
     const int64_t ctas = std::max<int64_t>(1, std::min(periods, resident_ctas(threads)));
     return {threads, 0, 0, ctas, want_dw && periods > 0 ? ctas * s.H * s.N * acc_bytes : 0};
   }
-  // Up to 64 to 128 registers a thread: half the forward's CTAs are resident, and as many
-  // dW partial rows.
+  // 80 to 128 registers a thread: at most half the forward's CTAs are resident, and as many
+  // dW partial rows (the launch takes one wave of the compiled kernel, at most this many).
   const int threads = group > 32 ? group : kRowsBlock;
   const int64_t row_groups = ceil_div<int64_t>(s.M, threads / group);
   const int64_t ctas = std::max<int64_t>(1, std::min(row_groups, resident_ctas(threads) / 2));
@@ -193,9 +193,6 @@ struct RowSlot {
     step = int64_t(gridDim.x) * rows_per_cta;
   }
 };
-
-// Asks for p's cache line into L1 (no register, no wait).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // Sum over the threads of one row (row_sum without a cluster), the same bits in each.
 template <typename AccT>
@@ -283,18 +280,9 @@ __global__ void __launch_bounds__(kMaxThreads)
         hv[j] = raw_of<R, V>(h);
       }
     }
-    // The weight is used after the row's sum: asked for now, its lines wait in L1 (a decode row
-    // saves a round trip to memory).
-    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
-    if (wr != nullptr) {
-#pragma unroll
-      for (int j = 0; j < Vpt; ++j) {
-        const int q = j * group + L.u;
-        if (live && q < nv) prefetch_l1(wr + int64_t(q) * V);
-      }
-    }
     const AccT ss = sum_in_row(sum_of_squares<AccT, R, V>(hv), group, scratch);
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
+    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
     // y for vector j (element i) of this thread, as OutT rounds it.
     const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
       return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
@@ -554,13 +542,19 @@ __global__ void __launch_bounds__(kSumThreads)
 // ---------------------------------------------------------------------------
 // Glue.
 
+// The register-row kernels' grid: the choice's, cut to one wave of the compiled kernel. Its
+// registers can hold fewer CTAs per SM than the choice's 2048-thread count; the CTAs past one
+// wave would start only as the first finish, and their rows end the launch on idle SMs.
+template <typename... Args>
+int64_t one_wave(void (*kernel)(Args...), const FusedChoice& c) {
+  return std::min(c.ctas, cuda::resident_groups(kernel, c.threads, 1, 0));
+}
+
 template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT>
 void launch_rows_forward(const FusedChoice& c, const FusedForwardArgs<T, R, W, OutT, AccT>& a, cudaStream_t stream) {
-  if (c.vpt == 4) {
-    fused_rows_forward_kernel<kQuant, T, R, W, OutT, AccT, 4><<<c.ctas, c.threads, 0, stream>>>(a, c.group);
-  } else {
-    fused_rows_forward_kernel<kQuant, T, R, W, OutT, AccT, 8><<<c.ctas, c.threads, 0, stream>>>(a, c.group);
-  }
+  const auto kernel = c.vpt == 4 ? fused_rows_forward_kernel<kQuant, T, R, W, OutT, AccT, 4>
+                                 : fused_rows_forward_kernel<kQuant, T, R, W, OutT, AccT, 8>;
+  kernel<<<one_wave(kernel, c), c.threads, 0, stream>>>(a, c.group);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -745,12 +739,12 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
       partial_rows = ceil_div<int64_t>(periods, per_cta);
       fused_backward_kernel<T, R, W, OutT, AccT><<<partial_rows, c.threads, 0, stream>>>(
           dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, per_cta, offset, llama);
-    } else if (c.vpt == 2) {
-      fused_rows_backward_kernel<T, R, W, OutT, AccT, 2><<<c.ctas, c.threads, 0, stream>>>(
-          dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group, offset, llama);
     } else {
-      fused_rows_backward_kernel<T, R, W, OutT, AccT, 4><<<c.ctas, c.threads, 0, stream>>>(
-          dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group, offset, llama);
+      const auto kernel = c.vpt == 2 ? fused_rows_backward_kernel<T, R, W, OutT, AccT, 2>
+                                     : fused_rows_backward_kernel<T, R, W, OutT, AccT, 4>;
+      partial_rows = one_wave(kernel, c);  // the workspace holds c.ctas partial rows, at least these
+      kernel<<<partial_rows, c.threads, 0, stream>>>(dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group,
+                                                     offset, llama);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (want_dw) {
