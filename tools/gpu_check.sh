@@ -33,7 +33,9 @@ export CC=gcc CXX=g++ LDSHARED="g++ -shared" LDCXXSHARED="g++ -shared"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 declare -A RESULT
 
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+# Not over peers_env.sh's install (/tmp/site/.peers-ok): reinstalling the cutlass-dsl wheels
+# there would delete the CUDA library it joined into them, and quack would not import.
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.peers-ok ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > /tmp/wheels.log 2>&1 && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
