@@ -106,6 +106,7 @@ THREAD_CASES = [((3, n), (2, 3)) for n in (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 
     ((37, 129, 5), (4, 3, 2)),
     ((200,), (300, 1)),
     ((1, 1, 70), (60, 2, 1, 1)),
+    ((2, 3), (257, 256)),  # more tiles than the CPU kernel lists (65536): their offsets walked per block
 ]
 
 

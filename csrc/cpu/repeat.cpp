@@ -98,9 +98,28 @@ void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& ou
 
 // dx[c] = sum over tiles k (row-major over the repeat grid) of grad[c + offset(k)],
 // accumulated in acc_t in that fixed order. Parallel over input elements, each
-// chunk split at input-row boundaries so a row's tiles are contiguous runs,
-// added in the CPU's widest vectors (cpu::run_vectorized, cpu::accumulate) into
-// dx itself when it is acc_t, else into a row of acc_t converted once.
+// chunk split at input-row boundaries so a row's tiles are contiguous runs. A run
+// is summed in column blocks of 8, 4, 2 and 1 vectors of the CPU's widest ISA
+// (cpu::run_vectorized), each block's sums held in registers over all the tiles
+// and stored once (a row of sums in memory took a load and a store per vector per
+// tile), then its last columns one at a time.
+
+// Columns [0, kVecs * kPer) of a run at g: their sums over the tiles, into dx.
+template <int kVecs, int kBytes, typename scalar_t, typename acc_t, typename ForEachTile>
+[[gnu::always_inline]] inline void tile_sum_block(const scalar_t* g, scalar_t* dx, const ForEachTile& for_each_tile) {
+  constexpr int kPer = kBytes / int(sizeof(acc_t));
+  cpu::Vec<acc_t, kPer> a[kVecs];
+  for (int v = 0; v < kVecs; ++v) a[v] = cpu::Vec<acc_t, kPer>{};  // in registers (`= {}` became a memset)
+  for_each_tile([&](int64_t offset) {
+    for (int v = 0; v < kVecs; ++v) {
+      cpu::Vec<acc_t, kPer> x;
+      cpu::load_vec<acc_t, kPer>(g + offset + v * kPer, x);
+      a[v] += x;
+    }
+  });
+  for (int v = 0; v < kVecs; ++v) cpu::store_vec<acc_t, kPer>(a[v], dx + v * kPer);
+}
+
 template <typename scalar_t, typename acc_t>
 void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
   const int64_t s_last = t.size[t.ndim - 1];
@@ -114,6 +133,33 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
     step[d] = t.size[d] * out_stride;
     out_stride *= t.size[d] * t.repeat[d];
   }
+  // f(offset of tile k) for k = 0 .. tiles - 1, in order.
+  const auto walk_tiles = [&](const auto& f) {
+    int64_t digit[kMaxTileDims] = {};
+    int64_t offset = 0;
+    for (int64_t k = 0; k < tiles; ++k) {
+      f(offset);
+      for (int d = t.ndim - 1; d >= 0; --d) {
+        offset += step[d];
+        if (++digit[d] < t.repeat[d]) break;
+        offset -= step[d] * t.repeat[d];
+        digit[d] = 0;
+      }
+    }
+  };
+  // Every run and column block visits the same offsets: up to kListedTiles of them are
+  // listed once (a walk per block costs more than the adds of a short run); more are
+  // walked, so the list never outgrows grad.
+  constexpr int64_t kListedTiles = 65536;
+  std::vector<int64_t> listed;
+  if (tiles <= kListedTiles) {
+    listed.reserve(tiles);
+    walk_tiles([&](int64_t offset) { listed.push_back(offset); });
+  }
+  const auto for_each_tile = [&](const auto& f) {
+    if (listed.empty()) return walk_tiles(f);
+    for (const int64_t offset : listed) f(offset);
+  };
   RowWalk rows;  // input rows -> offset of their first element in tile 0 of grad
   rows.ndim = t.ndim - 1;
   for (int64_t d = rows.ndim - 1, stride = t.output_row(); d >= 0; --d) {
@@ -124,34 +170,29 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
   }
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, tiles));
   at::parallel_for(0, t.input_numel(), grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> buf;
     RowWalk walk = rows;
     walk.seek(begin / s_last);
     cpu::run_vectorized([&](auto vector_bytes) {
       constexpr int kBytes = decltype(vector_bytes)::value;
+      constexpr int kPer = kBytes / int(sizeof(acc_t));
       for (int64_t c = begin, col = begin % s_last; c < end; col = 0, walk.next()) {
         const int64_t n = std::min(end - c, s_last - col);
         const scalar_t* g = grad + walk.offset + col;
-        acc_t* acc;
-        if constexpr (std::is_same_v<scalar_t, acc_t>) {
-          acc = dx + c;
-        } else {
-          buf.resize(n);
-          acc = buf.data();
+        int64_t i = 0;
+        const auto block = [&](auto vectors) {
+          constexpr int kVecs = decltype(vectors)::value;
+          tile_sum_block<kVecs, kBytes, scalar_t, acc_t>(g + i, dx + c + i, for_each_tile);
+          i += kVecs * kPer;
+        };
+        while (i + 8 * kPer <= n) block(std::integral_constant<int, 8>{});
+        if (i + 4 * kPer <= n) block(std::integral_constant<int, 4>{});
+        if (i + 2 * kPer <= n) block(std::integral_constant<int, 2>{});
+        if (i + kPer <= n) block(std::integral_constant<int, 1>{});
+        for (; i < n; ++i) {
+          acc_t sum = 0;
+          for_each_tile([&](int64_t offset) { sum += static_cast<acc_t>(g[offset + i]); });
+          dx[c + i] = static_cast<scalar_t>(sum);
         }
-        std::fill(acc, acc + n, acc_t(0));
-        int64_t digit[kMaxTileDims] = {};
-        int64_t offset = 0;
-        for (int64_t k = 0; k < tiles; ++k) {
-          cpu::accumulate<kBytes>(acc, g + offset, n);
-          for (int d = t.ndim - 1; d >= 0; --d) {
-            offset += step[d];
-            if (++digit[d] < t.repeat[d]) break;
-            offset -= step[d] * t.repeat[d];
-            digit[d] = 0;
-          }
-        }
-        if constexpr (!std::is_same_v<scalar_t, acc_t>) cpu::store_from_acc<kBytes>(dx + c, acc, n);
         c += n;
       }
     });

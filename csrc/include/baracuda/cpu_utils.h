@@ -100,28 +100,6 @@ template <typename acc_t, int N, typename T>
   }
 }
 
-// acc[i] += acc_t(x[i]) for i < n, in vectors of kBytes, the tail in vectors of
-// half that width down to 16 bytes, then one by one (a short row, such as 56
-// floats in 64-byte vectors, would otherwise leave most of itself to the
-// compiler's scalar epilogue).
-template <int kBytes, typename acc_t, typename T>
-[[gnu::always_inline]] inline void accumulate(acc_t* acc, const T* x, int64_t n) {
-  constexpr int kPer = kBytes / int(sizeof(acc_t));
-  int64_t i = 0;
-  for (; i + kPer <= n; i += kPer) {
-    Vec<acc_t, kPer> a, b;
-    std::memcpy(&a, acc + i, sizeof(a));
-    load_vec<acc_t, kPer>(x + i, b);
-    a += b;
-    std::memcpy(acc + i, &a, sizeof(a));
-  }
-  if constexpr (kBytes > 16) {
-    accumulate<kBytes / 2>(acc + i, x + i, n - i);
-  } else {
-    for (; i < n; ++i) acc[i] += static_cast<acc_t>(x[i]);
-  }
-}
-
 // p[0 .. N) = T(v[k]): bfloat16 rounded to nearest even on the bits (NaN to
 // the quiet NaN 0x7FC0), as c10::BFloat16's conversion does, so the bits equal
 // the scalar conversion's; other types converted lane by lane.
