@@ -316,6 +316,27 @@ def test_backward_max_positions_outside_their_bag_add_nothing(device, dim):
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
+def test_cpu_backward_max_bags_out_of_order_sums_in_position_order():
+    # A caller's offset2bag need not ascend (the forward's always does, and then the CPU kernel
+    # adds the bags' winners in bag order); the max-mode gradient still adds each row's terms
+    # in position order, bit for bit.
+    gen = torch.Generator().manual_seed(0)
+    n, bags, dim, rows = 400, 40, 5, 2  # ~20 terms a row and column, 1e-3 to 1e3: their order shows
+    idx = torch.randint(0, rows, (n,), generator=gen)
+    o2b = torch.arange(n) % bags  # a bag's positions interleaved with the others'
+    mp = torch.stack([b + bags * torch.randint(0, n // bags, (dim,), generator=gen) for b in range(bags)])
+    grad = torch.randn(bags, dim, generator=gen) * 10 ** (6 * torch.rand(bags, dim, generator=gen) - 3)
+    got = torch.ops.baracuda.embedding_bag_backward(grad, idx, o2b, torch.full((bags,), n // bags), mp, rows, 2,
+                                                    None, -1)
+    want = torch.zeros(rows, dim)
+    for p in range(n):
+        b = int(o2b[p])
+        for d in range(dim):
+            if int(mp[b, d]) == p:
+                want[int(idx[p]), d] += grad[b, d]
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_use_deterministic_algorithms(device, mode):
     idx = skewed_indices(2000, 50, device)
@@ -505,8 +526,9 @@ def test_backward_plan_with_caller_workspace(device, mode):
                                                        per_sample_weights=psw is not None)
     plan = baracuda_ops.EmbeddingBagBackwardPlan.select(desc)
     assert plan.workspace_size() > 0
-    if device.type == "cpu":
-        assert plan.sku().variant.startswith("cpu_counting_sort")
+    if device.type == "cpu":  # float32 max mode adds the bags' winners in bag order
+        isa = baracuda_ops.build_info()["cpu_vector_isa"]
+        assert plan.sku().variant == ("cpu_max_winners_by_bag" if mode == "max" else f"cpu_counting_sort_rows<{isa}>")
     problem = [100, 32, 20000, 2000, MODE_ENUM[mode], int(psw is not None)]
     assert launch_config("embedding_bag_backward", problem, torch.float32).kind == "sort_segment"
     gw = poison(torch.empty(100, 32, device=device))

@@ -275,10 +275,52 @@ int64_t backward_workspace_bytes(int64_t num_weights, int64_t dim, int64_t num_i
   return checked_mul(op, "the workspace size in bytes", words, static_cast<int64_t>(sizeof(int64_t)));
 }
 
+// Whether the positions' bags never decrease (so for every offset2bag the forward returns).
+bool bags_ascend(const int64_t* offset2bag, int64_t n) {
+  int64_t last = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (offset2bag[i] < 0) continue;
+    if (offset2bag[i] < last) return false;
+    last = offset2bag[i];
+  }
+  return true;
+}
+
+// Max mode where grad_weight's type is acc_t (float32, float64) and the bags ascend: each bag
+// adds its column d's gradient to the row of the position that won column d. Ascending bags
+// cover ascending positions, so adding the bags in order into grad_weight (zeroed) gives the
+// in-order sum above, bit for bit, in one pass over the B x D winners (the rows' loop checks D
+// columns per position). Parallel over columns, each thread adding every bag in order.
+template <typename scalar_t, typename index_t>
+void max_backward_by_bag(const scalar_t* grad, const index_t* indices, const int64_t* offset2bag,
+                         const int64_t* max_pos, int64_t padding_idx, int64_t V, int64_t D, int64_t B,
+                         scalar_t* grad_weight) {
+  at::parallel_for(0, V, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, D)), [&](int64_t v0, int64_t v1) {
+    std::fill(grad_weight + v0 * D, grad_weight + v1 * D, scalar_t(0));
+  });
+  at::parallel_for(0, D, 16, [&](int64_t d0, int64_t d1) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t* mp = max_pos + b * D;
+      const scalar_t* gb = grad + b * D;
+      for (int64_t d = d0; d < d1; ++d) {
+        const int64_t i = mp[d];
+        if (i < 0 || offset2bag[i] != b) continue;  // a position of another bag counts in neither form
+        const int64_t v = static_cast<int64_t>(indices[i]);
+        if (v != padding_idx) grad_weight[v * D + d] += gb[d];
+      }
+    }
+  });
+}
+
 template <typename scalar_t, typename acc_t, typename index_t>
 void bag_backward(const scalar_t* grad, const index_t* indices, const int64_t* offset2bag, const int64_t* bag_size,
                   const int64_t* max_pos, const scalar_t* psw, int64_t mode, int64_t padding_idx, int64_t V,
-                  int64_t D, int64_t N, scalar_t* grad_weight, int64_t* row_end, int64_t* perm) {
+                  int64_t D, int64_t N, int64_t B, scalar_t* grad_weight, int64_t* row_end, int64_t* perm) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    if (mode == kModeMax && bags_ascend(offset2bag, N)) {
+      return max_backward_by_bag(grad, indices, offset2bag, max_pos, padding_idx, V, D, B, grad_weight);
+    }
+  }
   std::fill(row_end, row_end + V + 1, int64_t(0));
   auto used = [&](int64_t i) { return static_cast<int64_t>(indices[i]) != padding_idx && offset2bag[i] >= 0; };
   for (int64_t i = 0; i < N; ++i) {
@@ -358,7 +400,7 @@ void embedding_bag_backward_out_cpu(const at::Tensor& grad, const at::Tensor& in
       bag_backward<scalar_t, acc_t, index_t>(
           g.const_data_ptr<scalar_t>(), indices.const_data_ptr<index_t>(), offset2bag.const_data_ptr<int64_t>(),
           bag_size.const_data_ptr<int64_t>(), mode == kModeMax ? max_positions.const_data_ptr<int64_t>() : nullptr,
-          psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, mode, padding_idx, num_weights, D, N,
+          psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, mode, padding_idx, num_weights, D, N, B,
           grad_weight.mutable_data_ptr<scalar_t>(), base, base + num_weights + 1);
     });
   });
@@ -542,9 +584,13 @@ at::Tensor embedding_bag_weight_backward_cpu(const at::Tensor& grad, const at::T
 std::string with_isa(const char* name) { return std::string(name) + "<" + cpu::vector_isa_name(cpu::vector_isa()) + ">"; }
 
 KernelChoice embedding_bag_choice(c10::IntArrayRef, c10::ScalarType) { return {with_isa("cpu_bag_loop"), 0}; }
-KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType) {
+// Max mode in float32 and float64 adds the bags' winners in bag order (max_backward_by_bag) where
+// offset2bag ascends, as the forward's always does; the workspace is sized for the rows' loop.
+KernelChoice embedding_bag_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   BARACUDA_CHECK_VALUE(problem.size() == 6 && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 0, kEmbeddingBagBackwardOp, ": malformed problem ", shape_str(problem));
-  return {with_isa("cpu_counting_sort_rows"), backward_workspace_bytes(problem[0], problem[1], problem[2])};
+  const bool by_bag = problem[4] == kModeMax && (dtype == at::kFloat || dtype == at::kDouble);
+  return {by_bag ? std::string("cpu_max_winners_by_bag") : with_isa("cpu_counting_sort_rows"),
+          backward_workspace_bytes(problem[0], problem[1], problem[2])};
 }
 KernelChoice per_sample_weights_backward_choice(c10::IntArrayRef, c10::ScalarType) {
   return {"cpu_position_dot", 0};
