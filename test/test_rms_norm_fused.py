@@ -6,6 +6,7 @@ import torch
 from expecttest import TestCase
 
 import baracuda_ops
+from conftest import CUDA_OK
 from helpers import FLOAT_DTYPES, assert_close, poison, random
 
 HALF = (torch.float16, torch.bfloat16)
@@ -167,9 +168,10 @@ def test_backward_matches_float64_autograd(device, dtype, casting):
 
 
 # Rows past the short CASES (on CUDA: a row split over a whole warp, a CTA, the longest rows held in
-# registers and, at 65536, the backward's CTA-per-row kernel), and more rows than the grid holds at once.
+# registers and, at 65536, the backward's CTA-per-row kernel), and more rows than the grid holds at once
+# (at 8192: the 16-bit backward's 512 x 2 rows, registers capped for two CTAs per SM).
 LONG_CASES = [((3, 1024), (1024,)), ((5, 4096), (4096,)), ((2, 16384), (16384,)), ((2, 65536), (65536,)),
-              ((9000, 1024), (1024,))]
+              ((9000, 1024), (1024,)), ((300, 8192), (8192,))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -182,6 +184,15 @@ def test_long_and_many_rows_match_float64(device, dtype, casting):
         torch.testing.assert_close(h, want_h, rtol=0, atol=0)
         assert_close(y, want_y, dtype=dtype, scale=2)
         _check_backward(shape, ns, ns, dtype, dtype, dtype, casting, device)
+
+
+@pytest.mark.parametrize("n,variant", [(4096, "register_rows<256x2>"), (8192, "register_rows<512x2,2_ctas_per_sm>"),
+                                       (16384, "register_rows<512x4>")])
+@pytest.mark.skipif(not CUDA_OK, reason="the register-row kernels are CUDA's")
+def test_backward_variant_of_register_rows(n, variant):
+    desc = baracuda_ops.RMSNormFusedBackwardDescriptor((4096, n), (n,), torch.bfloat16, weight_dtype=torch.bfloat16,
+                                                       device=torch.device("cuda"))
+    assert baracuda_ops.RMSNormFusedBackwardPlan.select(desc).sku().variant.startswith(variant + "+ordered_dw_sum<")
 
 
 @pytest.mark.parametrize("casting", ["torch", "llama"])

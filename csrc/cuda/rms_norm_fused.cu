@@ -64,6 +64,7 @@ struct FusedChoice {
   int vpt;            // rows in registers: vectors a thread holds
   int64_t ctas;       // forward: CTAs in flight; backward: dW partial rows
   int64_t workspace;  // backward: bytes of dW partials
+  int min_ctas = 1;   // backward rows: CTAs per SM the kernel's registers are capped for
 };
 
 int pow2_ceil(int64_t v) {
@@ -107,6 +108,10 @@ FusedChoice choose_forward(const FusedRows& s, int64_t elem) {
 // float dW sums: 80 to 128 registers), up to 512 threads a row: N up to 16384 (16-bit), 8192
 // (float32), 4096 (float64); and 4 where that keeps a row within a warp (a sub-warp row
 // sums by shuffles alone, no barrier). A per-head weight with dW: the CTA-per-row kernel.
+// A row of 512 threads × 2 vectors (N = 8192 of a 16-bit input) takes 79–85 registers a
+// thread, one CTA per SM; capped at 64 (a few bytes of spill), two CTAs fit, the loads of
+// one running while the other sums its row (0.87 of copy at [16384, 8192], 0.74 uncapped). At 256
+// threads and fewer three or more CTAs fit uncapped, and the cap's spills cost 8–15%.
 FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes, bool want_dw) {
   const int64_t V = 16 / elem;
   const bool rows = s.N % V == 0 && (s.H == 1 || !want_dw);
@@ -123,12 +128,14 @@ FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes,
   const int threads = group > 32 ? group : kRowsBlock;
   const int64_t row_groups = ceil_div<int64_t>(s.M, threads / group);
   const int64_t ctas = std::max<int64_t>(1, std::min(row_groups, resident_ctas(threads) / 2));
-  return {threads, group, vpt, ctas, want_dw ? ctas * s.N * acc_bytes : 0};
+  const int min_ctas = vpt == 2 && group == kBwdMaxThreads ? 2 : 1;
+  return {threads, group, vpt, ctas, want_dw ? ctas * s.N * acc_bytes : 0, min_ctas};
 }
 
 std::string forward_variant(const FusedChoice& c) {
   if (c.group == 0) return "cta_rows<" + std::to_string(c.threads) + ">";
-  return "register_rows<" + std::to_string(c.group) + "x" + std::to_string(c.vpt) + ">";
+  return "register_rows<" + std::to_string(c.group) + "x" + std::to_string(c.vpt) +
+         (c.min_ctas > 1 ? "," + std::to_string(c.min_ctas) + "_ctas_per_sm" : "") + ">";
 }
 
 std::string backward_variant(const FusedChoice& c, bool want_dw) {
@@ -334,8 +341,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // Backward of rows in registers; see the top of the file. dw_partials: gridDim.x rows of N
 // (nullptr: no dW; then the weight may be per head).
-template <typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
-__global__ void __launch_bounds__(kBwdMaxThreads)
+template <typename T, typename R, typename W, typename OutT, typename AccT, int Vpt, int MinCtas>
+__global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
     fused_rows_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
                                const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
                                R* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int group,
@@ -740,8 +747,9 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
       fused_backward_kernel<T, R, W, OutT, AccT><<<partial_rows, c.threads, 0, stream>>>(
           dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, per_cta, offset, llama);
     } else {
-      const auto kernel = c.vpt == 2 ? fused_rows_backward_kernel<T, R, W, OutT, AccT, 2>
-                                     : fused_rows_backward_kernel<T, R, W, OutT, AccT, 4>;
+      const auto kernel = c.vpt == 4      ? fused_rows_backward_kernel<T, R, W, OutT, AccT, 4, 1>
+                          : c.min_ctas == 2 ? fused_rows_backward_kernel<T, R, W, OutT, AccT, 2, 2>
+                                            : fused_rows_backward_kernel<T, R, W, OutT, AccT, 2, 1>;
       partial_rows = one_wave(kernel, c);  // the workspace holds c.ctas partial rows, at least these
       kernel<<<partial_rows, c.threads, 0, stream>>>(dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group,
                                                      offset, llama);
