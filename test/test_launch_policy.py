@@ -161,9 +161,18 @@ CASES = [
     ("rms_norm_backward", [4096, 0, 2], BF16, "empty", dict(row_groups=0, dw_sum=DW_NONE), 0),
     ("rms_norm_backward", [4096, 1024, 2], BF16, "warp_rows",
      dict(group=32, block=256, smem=256 * 4 * 8 * 4, row_groups=2 * SMS, dw_sum=DW_ORDERED), 2 * SMS * 1024 * 4),
-    ("rms_norm_backward", [1024, 4096, 2], BF16, "cta_row",
-     dict(block=128, smem=128 * 4 * 8 * 4, row_groups=4 * SMS, dw_sum=DW_ORDERED), 4 * SMS * 4096 * 4),
-    ("rms_norm_backward", [1024, 4096, 0], BF16, "cta_row", dict(block=128, smem=0, dw_sum=DW_NONE), 0),
+    # Half-input rows of one CTA: the streamed kernel where two or more of its CTAs fit an SM's
+    # shared memory (3 rows of x and dy staged, 48 KB at 128 threads: 4 an SM); a CTA of 512
+    # threads (192 KB, one an SM) and float32 rows keep the register kernel, dW slots in shared memory.
+    ("rms_norm_backward", [1024, 4096, 2], BF16, "streamed_row",
+     dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS, dw_sum=DW_ORDERED),
+     4 * SMS * 4096 * 4),
+    ("rms_norm_backward", [1024, 4096, 0], BF16, "streamed_row", dict(block=128, stages=3, dw_sum=DW_NONE), 0),
+    ("rms_norm_backward", [1024, 8192, 4], BF16, "streamed_row",
+     dict(block=256, stages=3, smem=3 * 2 * 4 * 256 * 16, row_groups=2 * SMS, dw_sum=DW_ORDERED), None),
+    ("rms_norm_backward", [1024, 16384, 2], BF16, "cta_row", dict(block=512, stages=0, smem=512 * 4 * 8 * 4), None),
+    ("rms_norm_backward", [1024, 4096, 4], F32, "cta_row",
+     dict(block=256, stages=0, smem=256 * 4 * 4 * 4, dw_sum=DW_ORDERED), None),
     # A single row too long for registers: the two-pass kernel keeps dW in a partial row.
     ("rms_norm_backward", [1, 2**20, 2], BF16, "two_pass_row", dict(row_groups=1, dw_sum=DW_ORDERED), 2**20 * 4),
     # rms_norm_backward decode rows: up to 512 threads of 1 vector, then of 2, then 1024
@@ -193,7 +202,7 @@ CASES = [
      dict(block=1024, vpt=2, row_groups=SMS - 64, dw_sum=DW_COLUMNS, dw_columns=64), 0),
     ("rms_norm_backward", [1, 8192, 0], BF16, "decode_row",
      dict(block=512, vpt=2, row_groups=1, dw_sum=DW_NONE, dw_columns=0), 0),
-    ("rms_norm_backward", [SMS + 1, 4096, 2], BF16, "cta_row", dict(block=128, dw_sum=DW_ORDERED), None),
+    ("rms_norm_backward", [SMS + 1, 4096, 2], BF16, "streamed_row", dict(block=128, dw_sum=DW_ORDERED), None),
     ("rms_norm_backward", [SMS - 63, 8192, 4], F32, "cta_row", dict(block=512, dw_sum=DW_ORDERED), None),
     # rms_norm_backward cluster rows: a single row too long for the decode kernel, one vector a
     # thread over a cluster of 8; a few such rows, a cluster of 2 each. Two CTAs an SM (64
@@ -255,7 +264,8 @@ def test_every_kind_is_reached():
         ("rms_norm", "empty"), ("rms_norm", "warp_rows"), ("rms_norm", "cta_row"), ("rms_norm", "cluster_row"),
         ("rms_norm", "decode_row"), ("rms_norm", "two_pass_row"),
         ("rms_norm_backward", "empty"), ("rms_norm_backward", "warp_rows"), ("rms_norm_backward", "cta_row"),
-        ("rms_norm_backward", "cluster_row"), ("rms_norm_backward", "streamed_cluster_row"),
+        ("rms_norm_backward", "cluster_row"), ("rms_norm_backward", "streamed_row"),
+        ("rms_norm_backward", "streamed_cluster_row"),
         ("rms_norm_backward", "decode_row"), ("rms_norm_backward", "two_pass_row"),
     }
 

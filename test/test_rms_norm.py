@@ -203,9 +203,36 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     assert streamed == (wdt == torch.float32 and dtype != torch.float32)
 
 
+@pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 2048), (torch.bfloat16, torch.float32, 5120),
+                                         (torch.float16, None, 8192), (torch.float16, torch.float16, 1032)])
+@pytest.mark.parametrize("m", [133, 1000])
+def test_backward_rows_of_one_cta_streamed(device, dtype, wdt, n, m):
+    # Half-input rows of one CTA take the streamed kernel: rows staged three ahead, CTAs of
+    # fewer rows than stages (m = 133: one or two rows a CTA), a last chunk partly past the
+    # row (n = 1032: 129 vectors over 64 threads), no weight, and each output alone.
+    if device.type != "cuda":
+        pytest.skip("the streamed kernel: CUDA only (the CPU path is covered by the row sweep)")
+    assert rms_config(m, n, dtype, backward=True, dw_dtype=wdt).kind == "streamed_row"
+    x, g = random((m, n), dtype, device), random((m, n), dtype, device)
+    w = random((n,), wdt, device) if wdt is not None else None
+    _, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
+    refs = backward_reference(x, (n,), w, g)
+    assert_close(dx, refs[0], scale=4)
+    if w is None:
+        assert dw is None
+        return
+    assert_close(dw, refs[1], dtype=wdt, scale=4 * m**0.5)
+    only_dx, none = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, False])
+    assert none is None and torch.equal(only_dx, dx)
+    none, only_dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [False, True])
+    assert none is None and torch.equal(only_dw, dw)
+
+
 @pytest.mark.big_memory
 @pytest.mark.parametrize("n,wdt,kernel", [(1024, torch.bfloat16, "warp_rows"), (8192, torch.bfloat16, "cta_row"),
                                           (65536, torch.bfloat16, "cluster_row"),
+                                          (4096, torch.float32, "streamed_row"),
                                           (65536, torch.float32, "streamed_cluster_row"),
                                           (2**20, torch.bfloat16, "two_pass_row")])
 def test_cuda_past_2_31_elements(n, wdt, kernel):

@@ -1,4 +1,4 @@
-// rms_norm backward, cluster rows streamed through shared memory by bulk copies.
+// rms_norm backward, rows streamed through shared memory by bulk copies.
 #pragma once
 
 #include "common.cuh"
@@ -7,14 +7,15 @@ namespace baracuda {
 namespace {
 
 // ---------------------------------------------------------------------------
-// Backward of rows that need a cluster, streamed (sm_90; the policy takes it for a
-// float32 weight with a half input): the same sums as
-// rms_norm_bwd_kernel, in the same order (the same dx bits), with x and dy
-// brought into shared memory by bulk copies (cp.async.bulk) rows ahead, and the
-// rows overlapped: while the cluster's sum of row i is in flight (between
-// arriving at its cluster barrier and waiting there), the CTA computes the
-// partial sum and dW terms of row i + 1, and after publishing that, row i's dx.
-// One CTA per SM (kStreamStages rows of x and dy take the shared memory): a CTA's
+// Backward of rows streamed (sm_90; the policy takes it for half inputs: rows of one
+// CTA where two or more of its CTAs fit an SM, and cluster rows with a float32
+// weight): the same sums as rms_norm_bwd_kernel, in the same order (the same dx
+// bits), with x and dy brought into shared memory by bulk copies (cp.async.bulk)
+// rows ahead, and the rows overlapped: while the sum of row i is in flight (between
+// arriving at its cluster barrier and waiting there; a CTA that is its own cluster
+// passes straight through), the CTA computes the partial sum and dW terms of row
+// i + 1, and after publishing that, row i's dx. kStreamStages rows of x and dy take
+// the shared memory: one CTA per SM at cluster rows' 512 threads. A CTA's
 // slice of a row is chunk j < Vpt of `group` vectors at j * row_threads + rank *
 // group, copied to j * group of the stage; thread t takes vector j * group + t
 // of each chunk. Per row (g_i = dy_i * w_i):

@@ -19,7 +19,9 @@
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
 // their dW sums while they wait at the row's cluster barrier; with a float32 weight
 // on a half input, one CTA per SM instead, x and dy staged in shared memory by
-// bulk copies and consecutive rows overlapped (rms_norm_bwd_streamed_kernel). The
+// bulk copies and consecutive rows overlapped (rms_norm_bwd_streamed_kernel), which
+// also takes the backward of half-input rows of one CTA where two or more of its
+// CTAs fit an SM. The
 // register launches (not the cluster-spread ones) copy each thread's weight vectors
 // into shared memory once and read them there (forward: once per row, backward:
 // twice) instead of from L2, where they keep as many CTAs per SM: all of a

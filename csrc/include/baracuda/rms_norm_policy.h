@@ -10,6 +10,8 @@
 //   kWarpRows            short rows, kRowsBlock / group rows per CTA;
 //   kCtaRow              a row per CTA;
 //   kClusterRow          a row per cluster of CTAs (sm_90);
+//   kStreamedRow         backward rows of one CTA of a half input (two or more
+//                        CTAs an SM): x and dy staged by bulk copies, rows ahead;
 //   kStreamedClusterRow  backward cluster rows of a half input with a float32 dW:
 //                        one CTA per SM, x and dy staged by bulk copies;
 //   kDecodeRow           no more rows than SMs (latency-bound): a CTA a row,
@@ -85,7 +87,7 @@ struct RmsProblem {
   int64_t dw_elem = 0;       // backward: grad_weight's element size, 0 when it computes no dW
 };
 
-enum class RmsKernel { kEmpty, kWarpRows, kCtaRow, kClusterRow, kStreamedClusterRow, kDecodeRow, kTwoPassRow };
+enum class RmsKernel { kEmpty, kWarpRows, kCtaRow, kClusterRow, kStreamedRow, kStreamedClusterRow, kDecodeRow, kTwoPassRow };
 enum class RmsDwSum { kNone, kDirect, kColumns, kOrdered };
 
 struct RmsLaunchConfig {
@@ -97,7 +99,7 @@ struct RmsLaunchConfig {
   int vpt = rms::kVpt;   // vectors per thread: kVpt; 1 to 8 for decode rows; 1 for backward rows
                          // spread over a cluster of 8; 2 * kVpt for forward cluster rows
   int ctas_per_sm = 1;   // backward cluster rows: 2 (registers capped by __launch_bounds__)
-  int stages = 0;        // kStreamedClusterRow: rows of x and dy staged
+  int stages = 0;        // kStreamedRow, kStreamedClusterRow: rows of x and dy staged
   int64_t clusters = 0;  // row groups launched (grid = clusters * cluster); backward: dW partial rows
   int64_t dw_columns = 0;  // kDecodeRow backward: CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators, staged rows)
@@ -210,17 +212,23 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
     c.cluster = kMaxCluster;
     c.block = c.group = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, kMaxCluster), 32) * 32);
   }
-  // Backward cluster rows of a half input with a float32 dW (a float32 weight): the
-  // streamed kernel, one CTA per SM, kStreamStages rows of the CTA's 16-byte
-  // vectors of x and dy staged by bulk copies. Only there: the weight's 32-byte
-  // vectors cost the register kernel more than the streamed kernel's barriers cost
-  // it; for the other dtypes two register CTAs per SM are faster, since with 16
-  // warps an SM the streamed kernel's block and cluster barriers stall the whole SM.
+  // The streamed backward kernel (sm_90): kStreamStages rows of the CTA's 16-byte vectors
+  // of x and dy staged by bulk copies, consecutive rows overlapped, so a CTA's next rows are
+  // in flight while it sums and stores one. Taken for half inputs only:
+  //  - rows of one CTA where two or more of its CTAs fit an SM's shared memory (N up to
+  //    8192): 0.89-0.94 of copy, where the register kernel, whose next row's loads wait
+  //    for this row's dx, reaches 0.76-0.83. With one CTA an SM (N = 16384) the register
+  //    kernel is faster, as it is at every float32 row length;
+  //  - cluster rows with a float32 dW (a float32 weight), one CTA per SM: the weight's
+  //    32-byte vectors cost the register kernel more than the streamed kernel's barriers
+  //    cost it; for the other dtypes two register CTAs per SM are faster, since with 16
+  //    warps an SM the streamed kernel's block and cluster barriers stall the whole SM.
   bool streamed = false;
-  if (backward && !looped && !decode && c.cluster > 1 && c.vpt == kVpt && c.vec * elem == 16 && elem == 2 &&
-      p.dw_elem == 4) {
+  if (backward && !looped && !decode && c.vpt == kVpt && c.vec * elem == 16 && elem == 2) {
     const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
-    if (smem + 1024 <= f.smem_per_block_optin) {
+    const bool cta_rows = f.clusters() && c.cluster == 1 && c.group == c.block && 2 * (smem + 1024) <= f.smem_per_sm;
+    const bool cluster_rows = c.cluster > 1 && p.dw_elem == 4;
+    if ((cta_rows || cluster_rows) && smem + 1024 <= f.smem_per_block_optin) {
       streamed = true;
       c.stages = kStreamStages;
       c.ctas_per_sm = 1;
@@ -239,7 +247,7 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   c.kind = looped                ? RmsKernel::kTwoPassRow
            : decode              ? RmsKernel::kDecodeRow
            : c.group < c.block   ? RmsKernel::kWarpRows
-           : streamed            ? RmsKernel::kStreamedClusterRow
+           : streamed            ? (c.cluster > 1 ? RmsKernel::kStreamedClusterRow : RmsKernel::kStreamedRow)
            : c.cluster > 1       ? RmsKernel::kClusterRow
                                  : RmsKernel::kCtaRow;
   if (decode) {  // a CTA each, all in flight (backward: and the dW column CTAs, no partials)
@@ -334,6 +342,7 @@ inline const char* rms_kernel_name(RmsKernel k) {
     case RmsKernel::kWarpRows: return "warp_rows";
     case RmsKernel::kCtaRow: return "cta_row";
     case RmsKernel::kClusterRow: return "cluster_row";
+    case RmsKernel::kStreamedRow: return "streamed_row";
     case RmsKernel::kStreamedClusterRow: return "streamed_cluster_row";
     case RmsKernel::kDecodeRow: return "decode_row";
     case RmsKernel::kTwoPassRow: return "two_pass_row";
