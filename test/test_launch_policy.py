@@ -161,15 +161,8 @@ CASES = [
     ("rms_norm_backward", [4096, 0, 2], BF16, "empty", dict(row_groups=0, dw_sum=DW_NONE), 0),
     ("rms_norm_backward", [4096, 1024, 2], BF16, "warp_rows",
      dict(group=32, block=256, smem=256 * 4 * 8 * 4, row_groups=2 * SMS, dw_sum=DW_ORDERED), 2 * SMS * 1024 * 4),
-    # Half-input rows of one CTA: the streamed kernel where two or more of its CTAs fit an SM's
-    # shared memory (3 rows of x and dy staged, 48 KB at 128 threads: 4 an SM); a CTA of 512
-    # threads (192 KB, one an SM) and float32 rows keep the register kernel, dW slots in shared memory.
-    ("rms_norm_backward", [1024, 4096, 2], BF16, "streamed_row",
-     dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS, dw_sum=DW_ORDERED),
-     4 * SMS * 4096 * 4),
-    ("rms_norm_backward", [1024, 4096, 0], BF16, "streamed_row", dict(block=128, stages=3, dw_sum=DW_NONE), 0),
-    ("rms_norm_backward", [1024, 8192, 4], BF16, "streamed_row",
-     dict(block=256, stages=3, smem=3 * 2 * 4 * 256 * 16, row_groups=2 * SMS, dw_sum=DW_ORDERED), None),
+    # Rows of one CTA of 512 threads and float32 rows: the register kernel, dW slots in shared
+    # memory, on either device (half-input rows of fewer threads: BANDWIDTH_CASES).
     ("rms_norm_backward", [1024, 16384, 2], BF16, "cta_row", dict(block=512, stages=0, smem=512 * 4 * 8 * 4), None),
     ("rms_norm_backward", [1024, 4096, 4], F32, "cta_row",
      dict(block=256, stages=0, smem=256 * 4 * 4 * 4, dw_sum=DW_ORDERED), None),
@@ -202,7 +195,6 @@ CASES = [
      dict(block=1024, vpt=2, row_groups=SMS - 64, dw_sum=DW_COLUMNS, dw_columns=64), 0),
     ("rms_norm_backward", [1, 8192, 0], BF16, "decode_row",
      dict(block=512, vpt=2, row_groups=1, dw_sum=DW_NONE, dw_columns=0), 0),
-    ("rms_norm_backward", [SMS + 1, 4096, 2], BF16, "streamed_row", dict(block=128, dw_sum=DW_ORDERED), None),
     ("rms_norm_backward", [SMS - 63, 8192, 4], F32, "cta_row", dict(block=512, dw_sum=DW_ORDERED), None),
     # rms_norm_backward cluster rows: a single row too long for the decode kernel, one vector a
     # thread over a cluster of 8; a few such rows, a cluster of 2 each. Two CTAs an SM (64
@@ -243,14 +235,46 @@ def test_policy_picks(case, facts):
         assert config.workspace_bytes == workspace
 
 
+# Choices that the device's bandwidth class sets: (op, problem, dtype, {facts: (kind, params)}).
+# The backward of half-input rows of one CTA streams them (3 rows of x and dy staged, 48 KB at 128
+# threads: 4 CTAs an SM) on an H200, where two or more of its CTAs fit an SM's shared memory; on an
+# H100 the register kernel keeps them.
+BANDWIDTH_CASES = [
+    ("rms_norm_backward", [1024, 4096, 2], BF16,
+     {"h200": ("streamed_row", dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS,
+                                    dw_sum=DW_ORDERED)),
+      "h100": ("cta_row", dict(block=128, stages=0, smem=128 * 4 * 8 * 4, row_groups=4 * SMS, dw_sum=DW_ORDERED))}),
+    ("rms_norm_backward", [1024, 4096, 0], BF16,
+     {"h200": ("streamed_row", dict(block=128, stages=3, dw_sum=DW_NONE)),
+      "h100": ("cta_row", dict(block=128, smem=0, dw_sum=DW_NONE))}),
+    ("rms_norm_backward", [1024, 8192, 4], BF16,
+     {"h200": ("streamed_row", dict(block=256, stages=3, smem=3 * 2 * 4 * 256 * 16, row_groups=2 * SMS)),
+      "h100": ("cta_row", dict(block=256, stages=0))}),
+    ("rms_norm_backward", [SMS + 1, 4096, 2], F16,
+     {"h200": ("streamed_row", dict(block=128, dw_sum=DW_ORDERED)),
+      "h100": ("cta_row", dict(block=128, dw_sum=DW_ORDERED))}),
+]
+
+
+@pytest.mark.parametrize("facts", ["h100", "h200"])
+@pytest.mark.parametrize("case", BANDWIDTH_CASES, ids=_id)
+def test_policy_picks_by_bandwidth(case, facts):
+    op, problem, dtype, by_facts = case
+    kind, params = by_facts[facts]
+    config = launch_config(op, problem, dtype, facts)
+    assert config.kind == kind
+    assert {name: config[name] for name in params} == params
+
+
 def test_h100_and_h200_facts_give_the_same_configs():
-    # The facts differ only in DRAM bandwidth, which none of these policies reads.
+    # The facts differ only in DRAM bandwidth, which these choices do not depend on.
     for op, problem, dtype, *_ in CASES:
         assert launch_config(op, problem, dtype, "h100") == launch_config(op, problem, dtype, "h200"), op
 
 
 def test_every_kind_is_reached():
     kinds = {(op, kind) for op, _, _, kind, _, _ in CASES}
+    kinds |= {(op, kind) for op, _, _, by_facts in BANDWIDTH_CASES for kind, _ in by_facts.values()}
     assert kinds == {
         ("alibi", "bias_stream"), ("alibi_backward", "slope_grad_rows"),
         ("repeat", "tile_gather"), ("repeat", "tile_broadcast"), ("repeat_backward", "tile_sum"),

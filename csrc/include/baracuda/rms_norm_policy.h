@@ -11,7 +11,8 @@
 //   kCtaRow              a row per CTA;
 //   kClusterRow          a row per cluster of CTAs (sm_90);
 //   kStreamedRow         backward rows of one CTA of a half input (two or more
-//                        CTAs an SM): x and dy staged by bulk copies, rows ahead;
+//                        CTAs an SM, H200-class bandwidth): x and dy staged by
+//                        bulk copies, rows ahead;
 //   kStreamedClusterRow  backward cluster rows of a half input with a float32 dW:
 //                        one CTA per SM, x and dy staged by bulk copies;
 //   kDecodeRow           no more rows than SMs (latency-bound): a CTA a row,
@@ -48,7 +49,11 @@ constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
 constexpr int kReduceCols = 32;      // dW sum: columns per CTA
 constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vectors each, one a lane
 constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
-constexpr int kStreamStages = 3;     // streamed cluster-row backward: rows of x and dy in shared memory
+constexpr int kStreamStages = 3;     // streamed backward: rows of x and dy in shared memory
+// Copy bandwidth (read + write, bytes/s) from which the backward streams half-input rows of one
+// CTA: an H200 (4.19e12) needs more bytes in flight per SM than the register kernel's rows give
+// it; on an H100 (2.97e12) the register kernel measured faster.
+constexpr double kStreamedRowsMinBandwidth = 3.5e12;
 
 // Decode spreads, tried in order: (vectors per thread, threads at most). Forward:
 // at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors, then 512
@@ -216,9 +221,10 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   // of x and dy staged by bulk copies, consecutive rows overlapped, so a CTA's next rows are
   // in flight while it sums and stores one. Taken for half inputs only:
   //  - rows of one CTA where two or more of its CTAs fit an SM's shared memory (N up to
-  //    8192): 0.89-0.94 of copy, where the register kernel, whose next row's loads wait
-  //    for this row's dx, reaches 0.76-0.83. With one CTA an SM (N = 16384) the register
-  //    kernel is faster, as it is at every float32 row length;
+  //    8192), on devices of kStreamedRowsMinBandwidth: 0.89-0.94 of copy on an H200, where
+  //    the register kernel, whose next row's loads wait for this row's dx, reaches
+  //    0.76-0.83. With one CTA an SM (N = 16384) the register kernel is faster, as it is at
+  //    every float32 row length;
   //  - cluster rows with a float32 dW (a float32 weight), one CTA per SM: the weight's
   //    32-byte vectors cost the register kernel more than the streamed kernel's barriers
   //    cost it; for the other dtypes two register CTAs per SM are faster, since with 16
@@ -226,7 +232,8 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   bool streamed = false;
   if (backward && !looped && !decode && c.vpt == kVpt && c.vec * elem == 16 && elem == 2) {
     const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
-    const bool cta_rows = f.clusters() && c.cluster == 1 && c.group == c.block && 2 * (smem + 1024) <= f.smem_per_sm;
+    const bool cta_rows = f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth && c.cluster == 1 &&
+                          c.group == c.block && 2 * (smem + 1024) <= f.smem_per_sm;
     const bool cluster_rows = c.cluster > 1 && p.dw_elem == 4;
     if ((cta_rows || cluster_rows) && smem + 1024 <= f.smem_per_block_optin) {
       streamed = true;
