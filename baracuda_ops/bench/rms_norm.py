@@ -45,8 +45,9 @@ def self_checks():
             # Decode rows (CUDA: a CTA each at 1 or 2 vectors a thread; dW written
             # directly for one row; a single 16-bit row of 32768 spread over a
             # cluster), then more rows than SMs: short rows sharing a CTA, a row per
-            # CTA (CUDA: with more than 256 threads, float32 at 5120 and 16-bit
-            # elements at 16384, grouped dW slots), a row per cluster (CUDA: weight
+            # CTA (CUDA: 16-bit rows of 4096 on an H200 staged by bulk copies; with
+            # more than 256 threads, float32 at 5120 and 16-bit elements at 16384,
+            # grouped dW slots), a row per cluster (CUDA: weight
             # staged in shared memory, wholly or partly; with a float32 weight on
             # a half input x and dy staged by bulk copies, at 40000 in part).
             shapes = ((1, 4096), (1, 16384), (1, 32768), (6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40),
