@@ -6,7 +6,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -22,8 +21,21 @@
 namespace baracuda {
 namespace {
 
+// Every index is in range when none, read as unsigned (a negative index wraps
+// above any num_weights), reaches num_weights: a test of all indices with no
+// branch and no chain longer than an OR (a running max chains a compare and a
+// blend per vector), vectorized for the CPU's widest ISA (cpu::run_vectorized);
+// the first bad index is looked for only when there is one.
 template <typename index_t>
 void check_index_values(const char* op, const index_t* idx, int64_t n, int64_t num_weights) {
+  bool bad = false;
+  cpu::run_vectorized([&](auto) {
+    const uint64_t limit = static_cast<uint64_t>(num_weights);
+    uint64_t out_of_range = 0;
+    for (int64_t i = 0; i < n; ++i) out_of_range |= static_cast<uint64_t>(static_cast<int64_t>(idx[i])) >= limit;
+    bad = out_of_range != 0;
+  });
+  if (!bad) return;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = static_cast<int64_t>(idx[i]);
     BARACUDA_CHECK_INDEX(v >= 0 && v < num_weights, op, ": indices[", i, "] = ", v, " is out of range for ",
@@ -54,12 +66,15 @@ void check_bag_values(const char* op, const int64_t* offset2bag, int64_t n, int6
   }
 }
 
-// Rows gathered by index miss the caches: while the forward adds the row of
+// Rows gathered by index miss the caches: while the forward reads the row of
 // entry i it asks for the row of entry i + kPrefetchAhead (across bags), one
-// prefetch per 64-byte line. Issued one row per entry, between the adds, the
-// requests spread over the bag's work instead of coming as a burst of a whole
-// bag's rows, which stalls on the core's queue of outstanding misses.
+// prefetch per 64-byte line. Issued one row per entry, between the row's work,
+// the requests spread over the bag instead of coming as a burst of a whole
+// bag's rows, which stalls on the core's queue of outstanding misses. The sum's
+// loop, a few instructions per line, looks kSumPrefetchAhead entries on (32
+// ahead it was 10% slower on a 2.5 MB table).
 constexpr int64_t kPrefetchAhead = 32;
+constexpr int64_t kSumPrefetchAhead = 8;
 
 template <typename scalar_t, typename index_t>
 [[gnu::always_inline]] inline void prefetch_entry(const scalar_t* weight, const index_t* indices, int64_t i,
@@ -71,33 +86,76 @@ template <typename scalar_t, typename index_t>
 
 // ---------------------------------------------------------------------------
 // Forward: one bag per iteration, the bag's entries in position order (see
-// embedding_bag.h for the math), accumulated in acc_t. A first pass over the
-// bag's entries sets offset2bag and counts the entries that are not padding;
-// then max mode scans the rows, sum and mean add them in column blocks (the
-// first block prefetching rows ahead), and the result is stored in vectors.
+// embedding_bag.h for the math), accumulated in acc_t. Sum and mean add the
+// rows in column blocks held in registers and store each block straight to the
+// output; max mode scans the rows after a pass that sets offset2bag and counts
+// the entries that are not padding, which sum and mean do inside their passes.
 // The loop runs compiled for the CPU's widest vector ISA (cpu::run_vectorized;
 // the same bits on every ISA).
 
-// Sum and mean: columns [c0, c0 + kCols) of the bag's sum over entries [begin,
-// end), in position order, into acc[c0 ..]. The block is kCols / kPer explicit
-// vectors of kPer = kBytes / sizeof(acc_t) columns, held in registers for the
-// whole bag (a loop over all D columns reloaded and stored acc for every entry).
-// Without per-sample weights nothing is multiplied (1 * x == x, so the bits are
-// those of acc + 1 * x; the multiply took a third of the time).
+// offset2bag[i] = b over the bag's entries [begin, end); returns how many are not padding.
+template <typename index_t>
+[[gnu::always_inline]] inline int64_t mark_bag(const index_t* indices, int64_t padding_idx, int64_t b, int64_t begin,
+                                               int64_t end, int64_t* offset2bag) {
+  int64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    offset2bag[i] = b;
+    count += static_cast<int64_t>(indices[i]) != padding_idx;
+  }
+  return count;
+}
+
+// A sum or mean bag's inputs: weight [V, D], the N entries' indices and per-sample
+// weights (null without them), and where offset2bag goes. Mean mode outputs
+// T(sum / count), where count > 0 (a mean of no entry is its sum, +0, as the zeros
+// PyTorch gives); sum mode T(sum).
+template <typename scalar_t, typename index_t>
+struct SumRows {
+  const scalar_t* weight;
+  const index_t* indices;
+  const scalar_t* psw;
+  int64_t D, N, padding_idx;
+  bool mean;
+  int64_t* offset2bag;
+};
+
+// Columns [c0, c0 + kCols) of bag b over entries [begin, end), added in position
+// order, into out[c0 ..]; returns the count of entries that are not padding,
+// and sets offset2bag on the way (each of the bag's passes does: stores the
+// adds hide, where a pass of its own cost a loop and its mispredicted exit per
+// bag). The block is kCols / kPer explicit vectors of kPer = kBytes /
+// sizeof(acc_t) columns, held in registers for the whole bag and stored to out
+// once (loops over the vectors unrolled: rolled, the compiler kept them on the
+// stack and copied them out per bag); each entry prefetches the block's lines
+// of the row kSumPrefetchAhead entries on, between its adds. Without
+// per-sample weights nothing is multiplied (1 * x == x, so the bits are those
+// of acc + 1 * x; the multiply took a third of the time).
 template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
-[[gnu::always_inline]] inline void sum_columns(const scalar_t* weight, const index_t* indices, const scalar_t* psw,
-                                               int64_t D, int64_t N, int64_t padding_idx, int64_t begin,
-                                               int64_t end, int64_t c0, acc_t* acc) {
+[[gnu::always_inline]] inline int64_t sum_columns(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t begin,
+                                                  int64_t end, int64_t c0, scalar_t* out) {
   constexpr int kPer = kBytes / int(sizeof(acc_t));
   constexpr int kVecs = kCols / kPer;
+  // Locals, not s's fields: the stores to offset2bag could alias those, which
+  // were then reloaded for every entry.
+  const scalar_t* weight = s.weight;
+  const index_t* indices = s.indices;
+  const scalar_t* psw = s.psw;
+  const int64_t D = s.D, last = s.N - 1, padding_idx = s.padding_idx;
+  int64_t* offset2bag = s.offset2bag;
   cpu::Vec<acc_t, kPer> a[kVecs];
+#pragma GCC unroll 16
   for (int v = 0; v < kVecs; ++v) a[v] = cpu::Vec<acc_t, kPer>{};  // in registers (`= {}` became a memset)
+  int64_t count = 0;
   for (int64_t i = begin; i < end; ++i) {
-    if (c0 == 0) prefetch_entry(weight, indices, i, N, D);
+    offset2bag[i] = b;
     const int64_t idx = static_cast<int64_t>(indices[i]);
     if (idx == padding_idx) continue;
+    ++count;
     const scalar_t* row = weight + idx * D + c0;
+    const scalar_t* ahead = weight + static_cast<int64_t>(indices[std::min(i + kSumPrefetchAhead, last)]) * D + c0;
+#pragma GCC unroll 16
     for (int v = 0; v < kVecs; ++v) {
+      if ((v * kPer * int(sizeof(scalar_t))) % 64 == 0) __builtin_prefetch(ahead + v * kPer);
       cpu::Vec<acc_t, kPer> x;
       cpu::load_vec<acc_t, kPer>(row + v * kPer, x);
       if constexpr (kWeighted) {
@@ -107,104 +165,121 @@ template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc
       }
     }
   }
-  for (int v = 0; v < kVecs; ++v) std::memcpy(acc + c0 + v * kPer, &a[v], sizeof(a[v]));
+  const bool divide = s.mean && count > 0;
+#pragma GCC unroll 16
+  for (int v = 0; v < kVecs; ++v) {
+    if (divide) a[v] /= static_cast<acc_t>(count);
+    cpu::store_vec<acc_t, kPer>(a[v], out + c0 + v * kPer);
+  }
+  return count;
 }
 
-// The same sum for the last columns [c0, D) (fewer than one vector), one at a time.
+// The same for the last columns [c0, D) (fewer than one vector), one at a time.
 template <bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
-void sum_last_columns(const scalar_t* weight, const index_t* indices, const scalar_t* psw, int64_t D, int64_t N,
-                      int64_t padding_idx, int64_t begin, int64_t end, int64_t c0, acc_t* acc) {
-  for (int64_t c = c0; c < D; ++c) {
+int64_t sum_last_columns(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t begin, int64_t end, int64_t c0,
+                         scalar_t* out) {
+  int64_t count = 0;
+  for (int64_t c = c0; c < s.D; ++c) {
     acc_t a = 0;
+    count = 0;
     for (int64_t i = begin; i < end; ++i) {
-      if (c == 0) prefetch_entry(weight, indices, i, N, D);
-      const int64_t idx = static_cast<int64_t>(indices[i]);
-      if (idx == padding_idx) continue;
-      const acc_t x = static_cast<acc_t>(weight[idx * D + c]);
+      if (c == 0) prefetch_entry(s.weight, s.indices, i, s.N, s.D);
+      s.offset2bag[i] = b;
+      const int64_t idx = static_cast<int64_t>(s.indices[i]);
+      if (idx == s.padding_idx) continue;
+      ++count;
+      const acc_t x = static_cast<acc_t>(s.weight[idx * s.D + c]);
       if constexpr (kWeighted) {
-        a += static_cast<acc_t>(psw[i]) * x;
+        a += static_cast<acc_t>(s.psw[i]) * x;
       } else {
         a += x;
       }
     }
-    acc[c] = a;
+    out[c] = static_cast<scalar_t>(s.mean && count > 0 ? a / static_cast<acc_t>(count) : a);
   }
+  return count;
 }
 
-// All D columns of the bag's sum into acc: blocks of 8 vectors (8 registers of
-// sums: 1.3-1.6x faster than 4 with AVX2 and AVX-512), then one block each of
-// 4, 2 and 1 vectors where the columns left allow, then the last columns.
+// All D columns of bag b into out: blocks of 8 vectors (8 registers of sums:
+// 1.3-1.6x faster than 4 with AVX2 and AVX-512), then one block each of 4, 2 and
+// 1 vectors where the columns left allow, then the last columns. Returns the
+// bag's size (rows of no column still set offset2bag and count).
 template <int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
-[[gnu::always_inline]] inline void sum_bag(const scalar_t* weight, const index_t* indices, const scalar_t* psw,
-                                           int64_t D, int64_t N, int64_t padding_idx, int64_t begin, int64_t end,
-                                           acc_t* acc) {
+[[gnu::always_inline]] inline int64_t sum_bag(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t begin,
+                                              int64_t end, scalar_t* out) {
+  if (s.D == 0) return mark_bag(s.indices, s.padding_idx, b, begin, end, s.offset2bag);
   constexpr int kPer = kBytes / int(sizeof(acc_t));
-  int64_t c0 = 0;
+  int64_t c0 = 0, count = 0;
   const auto block = [&](auto vectors) {
     constexpr int kCols = decltype(vectors)::value * kPer;
-    sum_columns<kCols, kBytes, kWeighted>(weight, indices, psw, D, N, padding_idx, begin, end, c0, acc);
+    count = sum_columns<kCols, kBytes, kWeighted, scalar_t, acc_t>(s, b, begin, end, c0, out);
     c0 += kCols;
   };
-  while (c0 + 8 * kPer <= D) block(std::integral_constant<int, 8>{});
-  if (c0 + 4 * kPer <= D) block(std::integral_constant<int, 4>{});
-  if (c0 + 2 * kPer <= D) block(std::integral_constant<int, 2>{});
-  if (c0 + kPer <= D) block(std::integral_constant<int, 1>{});
-  sum_last_columns<kWeighted>(weight, indices, psw, D, N, padding_idx, begin, end, c0, acc);
+  while (c0 + 8 * kPer <= s.D) block(std::integral_constant<int, 8>{});
+  if (c0 + 4 * kPer <= s.D) block(std::integral_constant<int, 4>{});
+  if (c0 + 2 * kPer <= s.D) block(std::integral_constant<int, 2>{});
+  if (c0 + kPer <= s.D) block(std::integral_constant<int, 1>{});
+  if (c0 < s.D) count = sum_last_columns<kWeighted, scalar_t, acc_t>(s, b, begin, end, c0, out);
+  return count;
+}
+
+// Max mode: out[d] = the bag's largest row value in column d (the first of equals;
+// an empty bag gives zeros), pos[d] = its position.
+template <int kBytes, typename scalar_t, typename acc_t, typename index_t>
+[[gnu::always_inline]] inline void max_bag(const scalar_t* weight, const index_t* indices, int64_t D, int64_t N,
+                                           int64_t padding_idx, int64_t begin, int64_t end, acc_t* acc,
+                                           int64_t* pos, scalar_t* out) {
+  std::fill(pos, pos + D, int64_t(-1));
+  bool first = true;
+  for (int64_t i = begin; i < end; ++i) {
+    prefetch_entry(weight, indices, i, N, D);
+    const int64_t idx = static_cast<int64_t>(indices[i]);
+    if (idx == padding_idx) continue;
+    const scalar_t* row = weight + idx * D;
+    for (int64_t d = 0; d < D; ++d) {
+      const acc_t v = static_cast<acc_t>(row[d]);
+      if (first || v > acc[d]) {
+        acc[d] = v;
+        pos[d] = i;
+      }
+    }
+    first = false;
+  }
+  if (first) std::fill(acc, acc + D, acc_t(0));
+  cpu::store_from_acc<kBytes>(out, acc, D);
 }
 
 template <typename scalar_t, typename acc_t, typename index_t>
 void bag_forward(const scalar_t* weight, const index_t* indices, const index_t* offsets, const scalar_t* psw,
                  const BagGeometry& g, scalar_t* out, int64_t* offset2bag, int64_t* bag_size, int64_t* max_pos) {
   const int64_t D = g.dim;
-  std::fill(offset2bag, offset2bag + g.num_indices, int64_t(-1));
+  // Each bag's pass writes offset2bag over its entries; the bags cover [0, end of
+  // the last bag), and the positions after it are in no bag.
+  int64_t last_begin, covered = 0;
+  bool last_bad;
+  if (g.num_bags > 0) {
+    bag_range(offsets, g.num_bags - 1, g.num_offsets, g.fixed_len, g.num_indices, last_begin, covered, last_bad);
+  }
+  std::fill(offset2bag + covered, offset2bag + g.num_indices, int64_t(-1));
+  const SumRows<scalar_t, index_t> rows{weight, indices, psw, D, g.num_indices, g.padding_idx, g.mode == kModeMean,
+                                        offset2bag};
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
   at::parallel_for(0, g.num_bags, grain, [&](int64_t bag_begin, int64_t bag_end) {
-    std::vector<acc_t> acc(D);
+    std::vector<acc_t> acc(g.mode == kModeMax ? D : 0);
     cpu::run_vectorized([&](auto vector_bytes) {
       constexpr int kBytes = decltype(vector_bytes)::value;
       for (int64_t b = bag_begin; b < bag_end; ++b) {
         int64_t begin, end;
         bool bad;
         bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
-        int64_t count = 0;
-        for (int64_t i = begin; i < end; ++i) {
-          offset2bag[i] = b;
-          count += static_cast<int64_t>(indices[i]) != g.padding_idx;
-        }
-        if (g.mode == kModeMax) {
-          int64_t* pos = max_pos + b * D;
-          std::fill(pos, pos + D, int64_t(-1));
-          bool first = true;
-          for (int64_t i = begin; i < end; ++i) {
-            prefetch_entry(weight, indices, i, g.num_indices, D);
-            const int64_t idx = static_cast<int64_t>(indices[i]);
-            if (idx == g.padding_idx) continue;
-            const scalar_t* row = weight + idx * D;
-            for (int64_t d = 0; d < D; ++d) {
-              const acc_t v = static_cast<acc_t>(row[d]);
-              if (first || v > acc[d]) {
-                acc[d] = v;
-                pos[d] = i;
-              }
-            }
-            first = false;
-          }
-          if (first) std::fill(acc.begin(), acc.end(), acc_t(0));  // no entry: an empty bag gives zeros
-        } else if (psw != nullptr) {
-          sum_bag<kBytes, true>(weight, indices, psw, D, g.num_indices, g.padding_idx, begin, end, acc.data());
-        } else {
-          sum_bag<kBytes, false>(weight, indices, psw, D, g.num_indices, g.padding_idx, begin, end, acc.data());
-        }
-        bag_size[b] = count;
         scalar_t* o = out + b * D;
-        if (g.mode == kModeMean && count > 0) {
-          const acc_t n = static_cast<acc_t>(count);
-          for (int64_t d = 0; d < D; ++d) acc[d] /= n;
-          cpu::store_from_acc<kBytes>(o, acc.data(), D);
-        } else if (g.mode == kModeMean) {
-          std::fill(o, o + D, scalar_t(0));
+        if (g.mode == kModeMax) {
+          bag_size[b] = mark_bag(indices, g.padding_idx, b, begin, end, offset2bag);
+          max_bag<kBytes>(weight, indices, D, g.num_indices, g.padding_idx, begin, end, acc.data(), max_pos + b * D, o);
+        } else if (psw != nullptr) {
+          bag_size[b] = sum_bag<kBytes, true, scalar_t, acc_t>(rows, b, begin, end, o);
         } else {
-          cpu::store_from_acc<kBytes>(o, acc.data(), D);
+          bag_size[b] = sum_bag<kBytes, false, scalar_t, acc_t>(rows, b, begin, end, o);
         }
       }
     });
