@@ -110,8 +110,8 @@ FusedChoice choose_forward(const FusedRows& s, int64_t elem) {
 // sums by shuffles alone, no barrier). A per-head weight with dW: the CTA-per-row kernel.
 // A row of 512 threads × 2 vectors (N = 8192 of a 16-bit input) takes 79–85 registers a
 // thread, one CTA per SM; capped at 64 (a few bytes of spill), two CTAs fit, the loads of
-// one running while the other sums its row (0.87 of copy at [16384, 8192], 0.74 uncapped). At 256
-// threads and fewer three or more CTAs fit uncapped, and the cap's spills cost 8–15%.
+// one running while the other sums its row (0.87 of copy at [16384, 8192], 0.74 uncapped).
+// At 256 threads and fewer three or more CTAs fit uncapped, and the cap's spills cost 8–15%.
 FusedChoice choose_backward(const FusedRows& s, int64_t elem, int64_t acc_bytes, bool want_dw) {
   const int64_t V = 16 / elem;
   const bool rows = s.N % V == 0 && (s.H == 1 || !want_dw);

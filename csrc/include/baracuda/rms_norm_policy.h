@@ -92,7 +92,9 @@ struct RmsProblem {
   int64_t dw_elem = 0;       // backward: grad_weight's element size, 0 when it computes no dW
 };
 
-enum class RmsKernel { kEmpty, kWarpRows, kCtaRow, kClusterRow, kStreamedRow, kStreamedClusterRow, kDecodeRow, kTwoPassRow };
+enum class RmsKernel {
+  kEmpty, kWarpRows, kCtaRow, kClusterRow, kStreamedRow, kStreamedClusterRow, kDecodeRow, kTwoPassRow
+};
 enum class RmsDwSum { kNone, kDirect, kColumns, kOrdered };
 
 struct RmsLaunchConfig {
