@@ -19,6 +19,7 @@
 #include "baracuda/fractional_max_pool_policy.h"
 #include "baracuda/launch_policy.h"
 #include "baracuda/repeat_policy.h"
+#include "baracuda/rms_norm_fused_policy.h"
 #include "baracuda/rms_norm_policy.h"
 #include "baracuda/variant.h"
 
@@ -115,6 +116,9 @@ void register_launch_policies() {
   policies["fractional_max_pool3d_backward"] = &fmp_backward_launch_view;
   policies["rms_norm"] = &rms_norm_launch_view;
   policies["rms_norm_backward"] = &rms_norm_backward_launch_view;
+  policies["rms_norm_fused"] = &rms_norm_fused_launch_view;
+  policies["rms_norm_quant"] = &rms_norm_fused_launch_view;
+  policies["rms_norm_fused_backward"] = &rms_norm_fused_backward_launch_view;
 }
 
 }  // namespace

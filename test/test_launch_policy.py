@@ -1,5 +1,5 @@
-"""The CUDA launch policies of repeat, alibi, embedding_bag, fractional_max_pool and rms_norm as
-data (csrc/include/baracuda/<family>_policy.h): every branch of every policy, run on CPU with
+"""The CUDA launch policies of repeat, alibi, embedding_bag, fractional_max_pool, rms_norm and
+rms_norm_fused as data (csrc/include/baracuda/<family>_policy.h): every branch of every policy, run on CPU with
 the recorded facts of an H100 and an H200, asserting on the config's fields. The configs pinned
 here are what the launchers pick on an H200 (rms_norm's row groups of the kinds that walk rows
 by grid-stride follow the kernel's occupancy, modelled from the facts here; the launchers ask
@@ -217,6 +217,60 @@ CASES = [
     ("rms_norm_backward", [2048, 65536, 4], F16, "streamed_cluster_row",
      dict(cluster=4, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4,
           dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
+    # rms_norm_fused (and rms_norm_quant): [M, N, H]. Rows of whole 16-byte vectors in registers,
+    # 4 vectors a thread, 8 past 512 threads, then 1024 x 8, then a cluster of 512 x 8 (float64:
+    # 1024 threads x 4, then x 8, no clusters); a row group (CTA or cluster) per row group while the device holds them (by
+    # threads: 2048 an SM). Decode rows (no more than SMS): 2 vectors a thread, 4 past 256
+    # threads, the weight loaded with x. Rows not of whole vectors, or longer than registers hold:
+    # a CTA a row.
+    ("rms_norm_fused", [0, 4096, 1], BF16, "empty", dict(row_groups=0), 0),
+    ("rms_norm_fused", [4096, 4096, 1], BF16, "register_rows",
+     dict(threads=128, group=128, vpt=4, cluster=1, row_groups=16 * SMS), 0),
+    ("rms_norm_fused", [4096, 32768, 1], BF16, "register_rows", dict(threads=512, vpt=8, row_groups=4 * SMS), 0),
+    ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows", dict(threads=1024, vpt=8, row_groups=2 * SMS), 0),
+    ("rms_norm_fused", [4096, 32768, 1], F32, "register_rows", dict(threads=1024, vpt=8), 0),
+    ("rms_norm_fused", [4096, 131072, 1], BF16, "cluster_rows",
+     dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS), 0),
+    ("rms_norm_quant", [4096, 65536, 1], F32, "cluster_rows", dict(cluster=4, vpt=8, row_groups=SMS), 0),
+    ("rms_norm_fused", [64, 8192, 1], F64, "register_rows", dict(threads=1024, vpt=4), 0),
+    ("rms_norm_fused", [64, 16384, 1], F64, "register_rows", dict(threads=1024, vpt=8), 0),
+    ("rms_norm_fused", [64, 32768, 1], F64, "cta_rows", dict(threads=1024, row_groups=64), 0),
+    ("rms_norm_fused", [SMS + 1, 4096, 1], BF16, "register_rows", dict(threads=128, vpt=4), 0),
+    ("rms_norm_fused", [4096, 1000, 1], F16, "register_rows", dict(threads=256, group=32, vpt=4, row_groups=512), 0),
+    ("rms_norm_fused", [1, 4096, 1], BF16, "decode_rows", dict(threads=256, group=256, vpt=2, row_groups=1), 0),
+    ("rms_norm_fused", [8, 8192, 1], BF16, "decode_rows", dict(threads=256, vpt=4, row_groups=8), 0),
+    ("rms_norm_fused", [SMS, 1024, 1], BF16, "decode_rows", dict(threads=64, vpt=2, row_groups=SMS), 0),
+    ("rms_norm_fused", [5, 8, 2], F32, "decode_rows", dict(threads=256, group=1, vpt=2, row_groups=1), 0),
+    ("rms_norm_fused", [1, 16384, 1], BF16, "register_rows", dict(threads=512, vpt=4, row_groups=1), 0),
+    ("rms_norm_quant", [1, 4096, 1], BF16, "decode_rows", dict(threads=256, vpt=2), 0),
+    ("rms_norm_fused", [4096, 1001, 1], BF16, "cta_rows", dict(threads=256, group=0, row_groups=8 * SMS), 0),
+    ("rms_norm_fused", [64, 65536, 1], F32, "cluster_rows", dict(threads=512, cluster=4, row_groups=64), 0),
+    # rms_norm_fused_backward: [M, N, H, grad_weight's element size, 0 without dW]. Register rows of
+    # 2 vectors a thread (4 past 512 threads), 512 x 2 capped for two CTAs an SM; a wave of half the
+    # CTAs the device holds by threads, a dW partial row each. Longer rows: a row a cluster of
+    # 512-thread CTAs, 2 vectors a thread (two CTAs an SM) while a cluster of 8 holds it, else 4.
+    # The dW of a per-head weight, and rows longer than a cluster of 8 holds: a CTA a row.
+    ("rms_norm_fused_backward", [4096, 0, 1, 2], BF16, "empty", dict(row_groups=0), 0),
+    ("rms_norm_fused_backward", [4096, 4096, 1, 2], BF16, "register_rows",
+     dict(threads=256, group=256, vpt=2, ctas_per_sm=1, row_groups=4 * SMS), 4 * SMS * 4096 * 4),
+    ("rms_norm_fused_backward", [4096, 1000, 1, 2], BF16, "register_rows", dict(threads=256, group=32, vpt=4), None),
+    ("rms_norm_fused_backward", [16384, 8192, 1, 2], BF16, "register_rows",
+     dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS), 2 * SMS * 8192 * 4),
+    ("rms_norm_fused_backward", [8192, 16384, 1, 0], BF16, "register_rows",
+     dict(threads=512, vpt=4, ctas_per_sm=1, cluster=1), 0),
+    ("rms_norm_fused_backward", [4096, 32768, 1, 2], BF16, "cluster_rows",
+     dict(threads=512, group=512, cluster=4, vpt=2, ctas_per_sm=2, row_groups=SMS // 2), SMS // 2 * 32768 * 4),
+    ("rms_norm_fused_backward", [2048, 65536, 1, 4], BF16, "cluster_rows",
+     dict(cluster=8, vpt=2, ctas_per_sm=2, row_groups=SMS // 4), SMS // 4 * 65536 * 4),
+    ("rms_norm_fused_backward", [64, 40000, 1, 2], BF16, "cluster_rows", dict(cluster=5, vpt=2, row_groups=52), None),
+    ("rms_norm_fused_backward", [1024, 65536, 1, 4], F32, "cluster_rows",
+     dict(cluster=8, vpt=4, ctas_per_sm=1, row_groups=SMS // 4), None),
+    ("rms_norm_fused_backward", [1024, 16384, 1, 8], F64, "cluster_rows", dict(cluster=8, vpt=2), None),
+    ("rms_norm_fused_backward", [1024, 131072, 1, 4], F32, "cta_rows",
+     dict(threads=1024, row_groups=2 * SMS), 2 * SMS * 131072 * 4),
+    ("rms_norm_fused_backward", [64, 4096, 4, 2], BF16, "cta_rows", dict(threads=1024, row_groups=16),
+     16 * 4 * 4096 * 4),
+    ("rms_norm_fused_backward", [64, 4096, 4, 0], BF16, "register_rows", dict(threads=256, vpt=2), 0),
 ]
 
 def _id(case):
@@ -291,6 +345,11 @@ def test_every_kind_is_reached():
         ("rms_norm_backward", "cluster_row"), ("rms_norm_backward", "streamed_row"),
         ("rms_norm_backward", "streamed_cluster_row"),
         ("rms_norm_backward", "decode_row"), ("rms_norm_backward", "two_pass_row"),
+        ("rms_norm_fused", "empty"), ("rms_norm_fused", "register_rows"), ("rms_norm_fused", "decode_rows"),
+        ("rms_norm_fused", "cta_rows"), ("rms_norm_fused", "cluster_rows"), ("rms_norm_quant", "decode_rows"),
+        ("rms_norm_quant", "cluster_rows"),
+        ("rms_norm_fused_backward", "empty"), ("rms_norm_fused_backward", "register_rows"),
+        ("rms_norm_fused_backward", "cluster_rows"), ("rms_norm_fused_backward", "cta_rows"),
     }
 
 
@@ -314,6 +373,8 @@ def test_describe_is_kind_and_params_in_order():
     ("fractional_max_pool2d", [4, 1], "baracuda::fractional_max_pool: malformed problem [4, 1]"),
     ("rms_norm", [4, 8, 2], "baracuda::rms_norm: malformed problem [4, 8, 2]"),
     ("rms_norm_backward", [4, 8], "baracuda::rms_norm_backward: malformed problem [4, 8]"),
+    ("rms_norm_fused", [4, 8], "baracuda::rms_norm_fused: malformed problem [4, 8]"),
+    ("rms_norm_fused_backward", [4, 8, 0, 2], "baracuda::rms_norm_fused_backward: malformed problem [4, 8, 0, 2]"),
 ])
 def test_malformed_problems_are_value_errors(op, problem, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):

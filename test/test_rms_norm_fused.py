@@ -168,10 +168,12 @@ def test_backward_matches_float64_autograd(device, dtype, casting):
 
 
 # Rows past the short CASES (on CUDA: a row split over a whole warp, a CTA, the longest rows held in
-# registers and, at 65536, the backward's CTA-per-row kernel), and more rows than the grid holds at once
-# (at 8192: the 16-bit backward's 512 x 2 rows, registers capped for two CTAs per SM).
+# registers, cluster rows: in the backward 2 to 8 CTAs a row, 5 at 40000 (a cluster whose last CTA holds
+# part of a row), in the float32 forward at 40000 and 65536; and more rows than the grid holds at once
+# (at 8192: the 16-bit backward's 512 x 2 rows, registers capped for two CTAs per SM; at 32768, cluster
+# rows visiting several rows).
 LONG_CASES = [((3, 1024), (1024,)), ((5, 4096), (4096,)), ((2, 16384), (16384,)), ((2, 65536), (65536,)),
-              ((9000, 1024), (1024,)), ((300, 8192), (8192,))]
+              ((9000, 1024), (1024,)), ((300, 8192), (8192,)), ((300, 32768), (32768,)), ((7, 40000), (40000,))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -186,13 +188,39 @@ def test_long_and_many_rows_match_float64(device, dtype, casting):
         _check_backward(shape, ns, ns, dtype, dtype, dtype, casting, device)
 
 
-@pytest.mark.parametrize("n,variant", [(4096, "register_rows<256x2>"), (8192, "register_rows<512x2,2_ctas_per_sm>"),
-                                       (16384, "register_rows<512x4>")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False),
+                                  (False, False, True)])
+def test_cluster_rows_each_output_alone(device, dtype, mask):
+    # Cluster rows on CUDA (a row over 4 CTAs in bfloat16, 8 in float32 and float64), with a float32
+    # residual stream on the 16-bit input; each output as the whole backward computes it.
+    n = 32768 if dtype == torch.bfloat16 else 16384
+    shape, ns = (70, n), (n,)
+    rdt = torch.float32 if dtype == torch.bfloat16 else dtype
+    g, gh = random(shape, dtype, device), random(shape, rdt, device)
+    h, w = random(shape, rdt, device), random(ns, dtype, device)
+    rstd = torch.rsqrt(h.to(_acc(dtype)).pow(2).mean(-1, keepdim=True) + 1e-5)
+    whole = torch.ops.baracuda.rms_norm_fused_backward(g, gh, h, list(ns), rstd, w, 0.25, "torch", dtype,
+                                                       [True, True, True])
+    alone = torch.ops.baracuda.rms_norm_fused_backward(g, gh, h, list(ns), rstd, w, 0.25, "torch", dtype, list(mask))
+    for a, b, wanted in zip(alone, whole, mask, strict=True):
+        if wanted:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        else:
+            assert a is None
+
+
+@pytest.mark.parametrize("n,kind,params", [
+    (4096, "register_rows", "threads=256,group=256,cluster=1,vpt=2,ctas_per_sm=1"),
+    (8192, "register_rows", "threads=512,group=512,cluster=1,vpt=2,ctas_per_sm=2"),
+    (16384, "register_rows", "threads=512,group=512,cluster=1,vpt=4,ctas_per_sm=1"),
+    (32768, "cluster_rows", "threads=512,group=512,cluster=4,vpt=2,ctas_per_sm=2"),
+    (65536, "cluster_rows", "threads=512,group=512,cluster=8,vpt=2,ctas_per_sm=2")])
 @pytest.mark.skipif(not CUDA_OK, reason="the register-row kernels are CUDA's")
-def test_backward_variant_of_register_rows(n, variant):
+def test_backward_variant_of_register_rows(n, kind, params):
     desc = baracuda_ops.RMSNormFusedBackwardDescriptor((4096, n), (n,), torch.bfloat16, weight_dtype=torch.bfloat16,
                                                        device=torch.device("cuda"))
-    assert baracuda_ops.RMSNormFusedBackwardPlan.select(desc).sku().variant.startswith(variant + "+ordered_dw_sum<")
+    assert baracuda_ops.RMSNormFusedBackwardPlan.select(desc).sku().variant.startswith(f"{kind}<{params},row_groups=")
 
 
 @pytest.mark.parametrize("casting", ["torch", "llama"])
@@ -344,9 +372,10 @@ def test_plans_write_every_element(device, dtype, wdt):
                                                residual_dtype=torch.float32, weight_offset=1.0, casting="llama",
                                                device=device)
     plan = baracuda_ops.RMSNormFusedPlan.select(desc)
-    # on CUDA a row of 8 elements is one thread's (vectors of 16 bytes); the dW of this per-head weight takes
-    # the CTA-per-row backward
-    assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else "register_rows<1x4>")
+    # on CUDA a row of 8 elements is one thread's (vectors of 16 bytes), 5 rows decode rows; the dW of this
+    # per-head weight takes the CTA-per-row backward
+    assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else
+                                  "decode_rows<threads=256,group=1,cluster=1,vpt=2,ctas_per_sm=1,row_groups=1>")
     x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random(wshape, wdt, device)
     args = baracuda_ops.RMSNormFusedArgs(x, r, w, poison(torch.empty(shape, dtype=desc.output_dtype, device=device)),
                                          poison(torch.empty(shape, device=device)),
@@ -576,10 +605,14 @@ def _same_bits(a, b):
     torch.testing.assert_close(a.view(torch.uint8), b.view(torch.uint8), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("casting", ["torch", "llama"])
-def test_quant_matches_pytorch_reference(device, dtype, casting):
-    for (shape, ns, wshape), wdt in itertools.product(CASES, _weight_dtypes(dtype)):
+# Past the short CASES, on CUDA: rows of one 512- or 1024-thread CTA (8 vectors a thread), and in float32
+# at 40000 and 65536 cluster rows (the row's max over 3 or 4 CTAs), several rows a cluster.
+QUANT_LONG_CASES = [((300, 32768), (32768,), (32768,)), ((3, 65536), (65536,), (65536,)),
+                    ((200, 40000), (40000,), (40000,))]
+
+
+def _check_quant(cases, dtype, casting, device):
+    for (shape, ns, wshape), wdt in itertools.product(cases, _weight_dtypes(dtype)):
         x = random(shape, dtype, device) * 3
         r = random(shape, dtype, device)
         w = None if wshape is None else random(wshape, wdt, device) * 4  # some |y| / scale beyond 448
@@ -597,6 +630,18 @@ def test_quant_matches_pytorch_reference(device, dtype, casting):
         want_scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax)).float()
         torch.testing.assert_close(row_scale.cpu(), want_scale, rtol=0, atol=0)
         _same_bits(q, _quant_reference(y, row_scale))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_quant_matches_pytorch_reference(device, dtype, casting):
+    _check_quant(CASES, dtype, casting, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_quant_long_rows_match_pytorch_reference(device, dtype, casting):
+    _check_quant(QUANT_LONG_CASES, dtype, casting, device)
 
 
 def test_quant_public_function(device):

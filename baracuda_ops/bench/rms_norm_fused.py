@@ -23,26 +23,28 @@ def _reference(x, residual, weight, weight_offset=0.0):
 def self_checks():
     tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 
-    def forward(dtype, offset):
+    # On CUDA: rows of 257 take the CTA-per-row kernels, 5 rows of 4096 decode rows (the weight loaded
+    # with x), 19 rows of 32776 the backward's cluster rows (5 CTAs a row, the last one's slice partly
+    # past the row; float64's rows: the CTA-per-row kernel), 33 rows of 200 the quant's decode rows.
+    def forward(dtype, offset, m, n):
         def run(device):
-            x, r = (torch.randn(37, 257, device=device, dtype=dtype) for _ in range(2))
-            w = torch.randn(257, device=device, dtype=dtype)
-            y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, [257], w, _EPS, offset, "torch")
+            x, r = (torch.randn(m, n, device=device, dtype=dtype) for _ in range(2))
+            w = torch.randn(n, device=device, dtype=dtype)
+            y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, [n], w, _EPS, offset, "torch")
             y_ref, h_ref = _reference(x, r, w, offset)
             torch.testing.assert_close(h, h_ref)
             torch.testing.assert_close(y.double(), y_ref, rtol=tol[dtype], atol=tol[dtype])
         return run
 
-    def backward(dtype):
+    def backward(dtype, n):
         def run(device):
-            x, r = (torch.randn(19, 130, device=device, dtype=torch.float64, requires_grad=True) for _ in range(2))
-            w = torch.randn(130, device=device, dtype=torch.float64, requires_grad=True)
-            dy, dh = torch.randn(19, 130, device=device, dtype=torch.float64), torch.randn(19, 130, device=device,
-                                                                                            dtype=torch.float64)
+            x, r = (torch.randn(19, n, device=device, dtype=torch.float64, requires_grad=True) for _ in range(2))
+            w = torch.randn(n, device=device, dtype=torch.float64, requires_grad=True)
+            dy, dh = (torch.randn(19, n, device=device, dtype=torch.float64) for _ in range(2))
             y_ref, h_ref = _reference(x, r, w)
             expected = torch.autograd.grad((y_ref, h_ref), (x, r, w), (dy, dh))
             args = [t.detach().to(dtype).requires_grad_() for t in (x, r, w)]
-            y, h = torch.ops.baracuda.rms_norm_fused(args[0], args[1], [130], args[2], _EPS, 0.0, "torch")[:2]
+            y, h = torch.ops.baracuda.rms_norm_fused(args[0], args[1], [n], args[2], _EPS, 0.0, "torch")[:2]
             got = torch.autograd.grad((y, h), args, (dy.to(dtype), dh.to(dtype)))
             for g, e in zip(got, expected):
                 torch.testing.assert_close(g.double(), e, rtol=4 * tol[dtype], atol=4 * tol[dtype])
@@ -64,9 +66,11 @@ def self_checks():
 
     checks = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        checks.append(SelfCheck("rms_norm_fused", dtype, forward(dtype, 0.0)))
-        checks.append(SelfCheck("rms_norm_fused (weight_offset=1)", dtype, forward(dtype, 1.0)))
-        checks.append(SelfCheck("rms_norm_fused_backward", dtype, backward(dtype)))
+        checks.append(SelfCheck("rms_norm_fused", dtype, forward(dtype, 0.0, 37, 257)))
+        checks.append(SelfCheck("rms_norm_fused (weight_offset=1)", dtype, forward(dtype, 1.0, 37, 257)))
+        checks.append(SelfCheck("rms_norm_fused (5 x 4096)", dtype, forward(dtype, 1.0, 5, 4096)))
+        checks.append(SelfCheck("rms_norm_fused_backward", dtype, backward(dtype, 130)))
+        checks.append(SelfCheck("rms_norm_fused_backward (19 x 32776)", dtype, backward(dtype, 32776)))
         checks.append(SelfCheck("rms_norm_quant", dtype, quant(dtype)))
     return checks
 

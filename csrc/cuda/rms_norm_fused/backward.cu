@@ -1,0 +1,285 @@
+// rms_norm_fused backward, CUDA: rows in registers (register and cluster rows), the
+// CTA-per-row kernel, and the ordered sum of the dW partial rows (see common.cuh; the
+// policy: baracuda/rms_norm_fused_policy.h).
+#include "common.cuh"
+
+namespace baracuda {
+namespace {
+
+// Backward of rows in registers (register rows, and cluster rows: a row over `cluster`
+// CTAs); see common.cuh. dw_partials: a row of N for each row group, gridDim.x / cluster
+// (nullptr: no dW; then the weight may be per head). Cluster rows add their dW terms
+// between arriving at the row's cluster barrier and waiting there. kClusterRows: `cluster` is
+// read (else 1, and the kernel is the one-CTA rows' alone, which takes fewer registers: under
+// 80 a thread at 256 threads × 2 vectors of bf16, three CTAs an SM, where 96 left two).
+template <typename T, typename R, typename W, typename OutT, typename AccT, int Vpt, int MinCtas, bool kClusterRows>
+__global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
+    fused_rows_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
+                               const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
+                               R* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int group,
+                               int cluster_arg, AccT offset, bool llama) {
+  constexpr int V = 16 / sizeof(T);
+  const int cluster = kClusterRows ? cluster_arg : 1;
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  __shared__ AccT slots[2];  // cluster rows: the CTA's sum of a row, by row parity (row_sum)
+  const RowSlot L(group, cluster);
+  const int64_t N = s.N;
+  const int nv = static_cast<int>(N / V);
+  const bool want_d = dx != nullptr || dr != nullptr;
+  AccT dw[Vpt][V] = {};
+  int parity = 0;
+  for (int64_t first = L.first; first < s.M; first += L.step, parity ^= 1) {
+    const int64_t row = first + L.g;
+    const bool live = row < s.M;
+    // dy, h and dres of the row are loaded together: one round trip to memory per row.
+    cuda::RawVec<OutT, V> dyv[Vpt] = {};
+    cuda::RawVec<R, V> hv[Vpt] = {}, dresv[Vpt] = {};
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (!live || q >= nv) continue;
+      const int64_t at = row * N + int64_t(q) * V;
+      dyv[j] = load_row_raw<OutT, V>(dy + at);
+      hv[j] = load_row_raw<R, V>(h + at);
+      if (want_d && dres != nullptr) dresv[j] = load_row_raw<R, V>(dres + at);
+    }
+    const AccT r = live ? rstd[row] : AccT(0);
+    const W* wr = w != nullptr ? w + (live ? row % s.H : 0) * N : nullptr;
+    const auto add_dw = [&] {
+      if (dw_partials == nullptr || !live) return;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {  // zero beyond the row: dyv[j] stays zero there
+          dw[j][i] += cuda::raw_elem<AccT, OutT, V>(dyv[j], i) *
+                      fused_xhat<T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, llama);
+        }
+      }
+    };
+    if (want_d) {
+      AccT sg = 0;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (!live || q >= nv) continue;
+        AccT wo[V];
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          sg += cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i] * cuda::raw_elem<AccT, R, V>(hv[j], i);
+        }
+      }
+      sg = row_sum(sg, group, cluster, scratch, slots, parity, [&] {
+        if (cluster > 1) add_dw();
+      });
+      const AccT k = r * r * r * sg / static_cast<AccT>(N);
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (!live || q >= nv) continue;
+        const int64_t at = row * N + int64_t(q) * V;
+        AccT wo[V], d[V];
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          d[i] = r * (cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i]) - cuda::raw_elem<AccT, R, V>(hv[j], i) * k;
+        }
+        if (dres != nullptr) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) d[i] += cuda::raw_elem<AccT, R, V>(dresv[j], i);
+        }
+        if (dx != nullptr) store_row_slice<T, V>(dx + at, d);
+        if (dr != nullptr) store_row_slice<R, V>(dr + at, d);
+      }
+    }
+    if (!want_d || cluster == 1) add_dw();
+  }
+  // The row group's partial row: the CTA's sub-warps add their sums in order g = 0, 1, ...
+  AccT* part = dw_partials != nullptr ? dw_partials + int64_t(blockIdx.x / cluster) * N : nullptr;
+  const int rows_per_cta = blockDim.x / group;
+  for (int g = 0; part != nullptr && g < rows_per_cta; ++g) {
+    if (L.g == g) {
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (q >= nv) continue;
+        AccT* to = part + int64_t(q) * V;
+        if (g > 0) {
+          const auto before = load_row_raw<AccT, V>(to);
+#pragma unroll
+          for (int i = 0; i < V; ++i) dw[j][i] = cuda::raw_elem<AccT, AccT, V>(before, i) + dw[j][i];
+        }
+        store_row_slice<AccT, V>(to, dw[j]);
+      }
+    }
+    if (rows_per_cta > 1) __syncthreads();
+  }
+  if (cluster > 1) cluster_sync();  // no CTA leaves while another may still read its slots
+}
+template <typename T, typename R, typename W, typename OutT, typename AccT>
+__global__ void __launch_bounds__(kMaxThreads)
+    fused_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
+                          const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
+                          R* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int64_t per_cta,
+                          AccT offset, bool llama) {
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  const int64_t N = s.N;
+  const int64_t periods = s.M / s.H;
+  const int64_t row_begin = blockIdx.x * per_cta * s.H;
+  const int64_t row_end = std::min(periods, (int64_t(blockIdx.x) + 1) * per_cta) * s.H;
+  AccT* part = dw_partials != nullptr ? dw_partials + blockIdx.x * s.H * N : nullptr;
+  if (part != nullptr) {
+    // Same element-to-thread map as the updates below: no barrier needed.
+    for (int64_t head = 0; head < s.H; ++head) {
+      for (int64_t j = threadIdx.x; j < N; j += blockDim.x) part[head * N + j] = AccT(0);
+    }
+  }
+  const bool want_d = dx != nullptr || dr != nullptr;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t base = row * N;
+    const int64_t head = row % s.H;
+    const W* wr = w != nullptr ? w + head * N : nullptr;
+    const AccT r = rstd[row];
+    if (want_d) {
+      AccT sg = 0;
+      for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+        sg += static_cast<AccT>(dy[base + j]) * fused_weight<W, AccT>(wr, j, offset) * static_cast<AccT>(h[base + j]);
+      }
+      const AccT k = r * r * r * cuda::block_sum(sg, scratch) / static_cast<AccT>(N);
+      for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+        const AccT g = static_cast<AccT>(dy[base + j]) * fused_weight<W, AccT>(wr, j, offset);
+        AccT d = r * g - static_cast<AccT>(h[base + j]) * k;
+        if (dres != nullptr) d += static_cast<AccT>(dres[base + j]);
+        if (dx != nullptr) dx[base + j] = static_cast<T>(d);
+        if (dr != nullptr) dr[base + j] = static_cast<R>(d);
+      }
+    }
+    if (part != nullptr) {
+      AccT* pr = part + head * N;
+      for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+        pr[j] += static_cast<AccT>(dy[base + j]) * fused_xhat<T>(static_cast<AccT>(h[base + j]), r, llama);
+      }
+    }
+  }
+}
+
+// dw[col] = sum over c of partials[c][col], c in order.
+template <typename W, typename AccT>
+__global__ void __launch_bounds__(kSumThreads)
+    dw_sum_kernel(const AccT* __restrict__ partials, W* __restrict__ dw, int64_t chunks, int64_t cols) {
+  const int64_t col = int64_t(blockIdx.x) * kSumThreads + threadIdx.x;
+  if (col >= cols) return;
+  AccT sum = 0;
+  for (int64_t c = 0; c < chunks; ++c) sum += partials[c * cols + col];
+  dw[col] = static_cast<W>(sum);
+}
+void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out,
+                                      const at::Tensor& h, at::IntArrayRef normalized_shape, const at::Tensor& rstd,
+                                      const std::optional<at::Tensor>& weight, double weight_offset,
+                                      c10::string_view casting_name, at::ScalarType input_dtype,
+                                      std::array<bool, 3> output_mask, const at::Tensor& grad_input,
+                                      const at::Tensor& grad_residual, const at::Tensor& grad_weight,
+                                      const at::Tensor& workspace) {
+  const char* op = kRmsNormFusedBackwardOp;
+  const Casting casting = parse_casting(op, casting_name);
+  const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
+                                                  weight_offset, casting, input_dtype);
+  const bool want_dx = output_mask[0], want_dr = output_mask[1];
+  const bool want_dw = output_mask[2] && has_tensor(weight);
+  check_fused_backward_outputs(h, weight, input_dtype, output_mask, grad_input, grad_residual, grad_weight);
+  if (rows.N == 0 || (!want_dx && !want_dr && !want_dw)) return;
+  const c10::cuda::CUDAGuard guard(h.device());
+  if (rows.M == 0) {
+    if (want_dw) grad_weight.zero_();
+    return;
+  }
+  const FusedLaunchConfig c = fused_config(rows, input_dtype, true, want_dw);
+  check_workspace(op, workspace, c.workspace, 16, h.device());
+  if (want_dx) cuda::check_out_aligned(op, "grad_input", grad_input);
+  if (want_dr) cuda::check_out_aligned(op, "grad_residual", grad_residual);
+  const auto dy = cuda::aligned_contiguous(grad_out);
+  const auto dres = has_tensor(grad_residual_out) ? cuda::aligned_contiguous(*grad_residual_out) : at::Tensor();
+  const auto hc = cuda::aligned_contiguous(h);
+  const auto r = rstd.contiguous();
+  const auto w = has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_fused_types(input_dtype, h.scalar_type() != input_dtype, w.defined() && w.scalar_type() != input_dtype,
+                       grad_out.scalar_type() != input_dtype, [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
+    using T = decltype(t);
+    using R = decltype(r_tag);
+    using W = decltype(w_tag);
+    using OutT = decltype(o_tag);
+    using AccT = at::opmath_type<T>;
+    const OutT* dy_p = dy.const_data_ptr<OutT>();
+    const R* dres_p = dres.defined() ? dres.const_data_ptr<R>() : nullptr;
+    const R* h_p = hc.const_data_ptr<R>();
+    const AccT* rstd_p = r.const_data_ptr<AccT>();
+    const W* w_p = w.defined() ? w.const_data_ptr<W>() : nullptr;
+    T* dx = want_dx ? grad_input.mutable_data_ptr<T>() : nullptr;
+    R* dr = want_dr ? grad_residual.mutable_data_ptr<R>() : nullptr;
+    AccT* partials = want_dw ? static_cast<AccT*>(workspace.mutable_data_ptr()) : nullptr;
+    const auto offset = static_cast<AccT>(weight_offset);
+    const bool llama = casting == Casting::kLlama;
+    int64_t partial_rows = c.ctas;
+    if (!c.register_kind()) {
+      const int64_t periods = rows.M / rows.H;
+      const int64_t per_cta = ceil_div<int64_t>(periods, c.ctas);
+      partial_rows = ceil_div<int64_t>(periods, per_cta);
+      fused_backward_kernel<T, R, W, OutT, AccT><<<partial_rows, c.threads, 0, stream>>>(
+          dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, per_cta, offset, llama);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      const bool cluster_rows = c.kind == FusedKernel::kClusterRows;
+      const auto kernel =
+          c.vpt == 4 ? (cluster_rows ? fused_rows_backward_kernel<T, R, W, OutT, AccT, 4, 1, true>
+                                     : fused_rows_backward_kernel<T, R, W, OutT, AccT, 4, 1, false>)
+          : c.min_ctas == 2 ? (cluster_rows ? fused_rows_backward_kernel<T, R, W, OutT, AccT, 2, 2, true>
+                                            : fused_rows_backward_kernel<T, R, W, OutT, AccT, 2, 2, false>)
+                            : fused_rows_backward_kernel<T, R, W, OutT, AccT, 2, 1, false>;
+      // the workspace holds c.ctas partial rows, at least as many as the launch's row groups
+      partial_rows = launch_register_rows(kernel, c, dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group,
+                                          c.cluster, offset, llama);
+    }
+    if (want_dw) {
+      const int64_t cols = rows.H * rows.N;
+      dw_sum_kernel<W, AccT><<<ceil_div<int64_t>(cols, kSumThreads), kSumThreads, 0, stream>>>(
+          partials, grad_weight.mutable_data_ptr<W>(), partial_rows, cols);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cuda(
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out, const at::Tensor& h,
+    at::IntArrayRef normalized_shape, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    double weight_offset, c10::string_view casting_name, at::ScalarType input_dtype, std::array<bool, 3> output_mask) {
+  const Casting casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
+  const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
+                                                  weight_offset, casting, input_dtype);
+  const c10::cuda::CUDAGuard guard(h.device());
+  auto [grad_input, grad_residual, grad_weight] = empty_rms_norm_fused_grads(h, weight, input_dtype, output_mask);
+  const bool want_dw = grad_weight.defined();
+  const auto none = at::empty({0}, h.options());
+  const int64_t need = rows.M > 0 ? fused_config(rows, input_dtype, true, want_dw).workspace : 0;
+  rms_norm_fused_backward_out_cuda(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
+                                   casting_name, input_dtype, output_mask, grad_input.defined() ? grad_input : none,
+                                   grad_residual.defined() ? grad_residual : none,
+                                   grad_weight.defined() ? grad_weight : none,
+                                   at::empty({need}, h.options().dtype(at::kByte)));
+  return {grad_input, grad_residual, grad_weight};
+}
+
+// problem = [M, N, H, grad_weight's element size or 0: no dW]
+KernelChoice rms_norm_fused_backward_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  return fused_choice(problem, dtype, true);
+}
+
+BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CUDA, rms_norm_fused_backward_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("rms_norm_fused_backward", &baracuda::rms_norm_fused_backward_cuda);
+  m.impl("rms_norm_fused_backward.out", &baracuda::rms_norm_fused_backward_out_cuda);
+}

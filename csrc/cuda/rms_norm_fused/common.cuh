@@ -1,0 +1,123 @@
+// rms_norm_fused family, CUDA: what the forward (forward.cu: rms_norm_fused and
+// rms_norm_quant) and the backward (backward.cu) share. The math:
+// baracuda/rms_norm_fused.h; the launch policy: baracuda/rms_norm_fused_policy.h.
+//
+// Rows in registers, for rows of whole 16-byte vectors of the input (N % V == 0,
+// V = 16 / sizeof(T)): a row of nv = N / V vectors is split over `group` threads of a
+// CTA (a power of two) times `cluster` CTAs (backward rows longer than a CTA holds),
+// thread u of the row holding vectors q = j * group * cluster + u (j < Vpt) as raw
+// 32-bit words; group <= 32: a sub-warp, 256 / group rows per CTA; else one row per
+// CTA (or cluster). Row sums: each thread's elements in order, then a fixed xor
+// butterfly, cuda::block_sum, and the cluster's CTAs in rank order (row_sum), the same
+// bits in every thread of the row.
+//   Forward: h = R(x + r) is written once and kept (as stored) in registers, so x and
+//   r are read once; rstd = 1 / sqrt(mean(h^2) + eps), y = fused_output(h, rstd, w).
+//   rms_norm_quant: the same rows, then (dynamic scale) the row's max |y|, and q.
+//   Backward: dy, h (and dres) in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
+//   k = rstd^3 * sum(g * h) / N. A thread's dW columns are the same for every row it
+//   visits: it sums dy * x_hat over its rows in registers; the CTA's sub-warps add
+//   theirs into the row group's partial row in order, and dw_sum_kernel adds the
+//   row groups' partials in order. H > 1 (a per-head weight) with dW takes the
+//   CTA-per-row kernel.
+//   Floors: forward reads x, r, writes y, h (+ rstd); backward reads dy, h (+ dres),
+//   writes dx (+ dr), plus row-group * N dW partials written and read once.
+// CTA per row (the general kernels: rows of any length and alignment, per-head dW):
+// pass 1 reads x (and r), writes h and sums h^2; pass 2 reads h back (each thread its
+// own elements) and writes y. Its backward: CTA c owns a contiguous chunk of weight
+// periods (H rows each) and a dW partial [H, N] in the workspace, read and written
+// on every row.
+// Every sum runs in a fixed order set by the shape and the SM count: bit-identical
+// reruns on the same device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "baracuda/checks.h"
+#include "baracuda/cuda_utils.cuh"
+#include "baracuda/rms_norm_fused.h"
+#include "baracuda/rms_norm_fused_policy.h"
+#include "baracuda/rms_rows.cuh"
+#include "baracuda/variant.h"
+
+namespace baracuda {
+namespace {
+
+using cuda::ceil_div;
+using fused::kBwdMaxThreads;
+using fused::kMaxThreads;
+using fused::kSumThreads;
+
+// Rows in registers: this thread's row within the CTA (g), its index among the row's
+// threads (u: rank * group + its index in the CTA's group), the row's threads, and
+// the grid-stride loop's first row and stride (row groups: CTAs, or clusters).
+struct RowSlot {
+  int g;
+  int u;
+  int row_threads;
+  int64_t first;
+  int64_t step;
+
+  __device__ RowSlot(int group, int cluster) {
+    const int rows_per_cta = blockDim.x / group;
+    g = threadIdx.x / group;
+    u = int(blockIdx.x % cluster) * group + threadIdx.x % group;
+    row_threads = group * cluster;
+    first = int64_t(blockIdx.x / cluster) * rows_per_cta;
+    step = int64_t(gridDim.x / cluster) * rows_per_cta;
+  }
+};
+
+// wo = w[col .. col + V) + offset as AccT (1 without a weight).
+template <typename AccT, typename W, int V>
+__device__ __forceinline__ void load_weight_offset(const W* __restrict__ w, int64_t col, AccT offset, AccT (&wo)[V]) {
+  load_weight<AccT, W, V>(w, col, wo);
+  if (w != nullptr) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) wo[i] += offset;
+  }
+}
+
+// The policy's config on the current device.
+inline FusedLaunchConfig fused_config(const FusedRows& s, c10::ScalarType dtype, bool backward, bool want_dw) {
+  FusedProblem p;
+  p.M = s.M;
+  p.N = s.N;
+  p.H = s.H;
+  p.elem = static_cast<int64_t>(c10::elementSize(dtype));
+  p.acc_bytes = dtype == at::kDouble ? 8 : 4;
+  p.backward = backward;
+  p.dw = want_dw;
+  return rms_norm_fused_launch_config(p, cuda::device_facts());
+}
+
+// The Plan's variant on the current device: kind<name=value,...>.
+inline KernelChoice fused_choice(c10::IntArrayRef problem, c10::ScalarType dtype, bool backward) {
+  const LaunchConfigView view = fused_view(
+      rms_norm_fused_launch_config(fused_problem(problem, dtype, backward), cuda::device_facts()));
+  return {describe(view), view.workspace_bytes};
+}
+
+// Launches a register-row kernel of config c: its row groups, cut to one wave of the
+// compiled kernel (its registers can hold fewer CTAs per SM than the policy's count by
+// threads; the CTAs past one wave would start only as the first finish, and their rows
+// end the launch on idle SMs). Returns the row groups launched.
+template <typename... KernelArgs, typename... Args>
+int64_t launch_register_rows(void (*kernel)(KernelArgs...), const FusedLaunchConfig& c, Args... args) {
+  const int64_t groups = std::min(c.ctas, cuda::resident_groups(kernel, c.threads, c.cluster, 0));
+  cuda::launch(kernel, {.grid = dim3(groups * c.cluster), .block = dim3(c.threads), .cluster = c.cluster}, args...);
+  return groups;
+}
+
+}  // namespace
+}  // namespace baracuda

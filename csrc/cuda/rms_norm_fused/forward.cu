@@ -1,0 +1,410 @@
+// rms_norm_fused and rms_norm_quant forward, CUDA: rows in registers (register and
+// decode rows) and the CTA-per-row kernels (see common.cuh; the policy:
+// baracuda/rms_norm_fused_policy.h).
+#include "common.cuh"
+
+namespace baracuda {
+namespace {
+
+// Pass 1 of a row: h = R(x + r) written to h_out (with a residual), and rstd = 1 / sqrt(mean(h^2) + eps)
+// of h as stored, for every thread of the CTA.
+template <typename T, typename R, typename AccT>
+__device__ __forceinline__ AccT row_rstd(const T* __restrict__ x, const R* __restrict__ res, R* h_out, int64_t base,
+                                         int64_t N, AccT eps, cuda::BlockSumScratch<AccT>& scratch) {
+  AccT ss = 0;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+    AccT v;
+    if (res != nullptr) {
+      const R hv = static_cast<R>(static_cast<AccT>(x[base + j]) + static_cast<AccT>(res[base + j]));
+      h_out[base + j] = hv;
+      v = static_cast<AccT>(hv);
+    } else {
+      v = static_cast<AccT>(x[base + j]);
+    }
+    ss += v * v;
+  }
+  return AccT(1) / ::sqrt(cuda::block_sum(ss, scratch) / static_cast<AccT>(N) + eps);
+}
+
+// Element i of h in a later pass: read back from h_out (written by this same thread in pass 1), or x.
+template <typename T, typename R, typename AccT>
+__device__ __forceinline__ AccT h_at(const T* __restrict__ x, const R* h_out, bool has_res, int64_t i) {
+  return has_res ? static_cast<AccT>(h_out[i]) : static_cast<AccT>(x[i]);
+}
+
+// Max across the block (the order does not matter); every thread receives it. Ends with a barrier.
+template <typename AccT>
+__device__ __forceinline__ AccT block_max(AccT v, cuda::BlockSumScratch<AccT>& scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fp8_amax(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (threadIdx.x % 32 == 0) scratch.warp[threadIdx.x / 32] = v;
+  __syncthreads();
+  const int num_warps = (blockDim.x + 31) / 32;
+  for (int k = 0; k < num_warps; ++k) v = fp8_amax(v, scratch.warp[k]);
+  __syncthreads();
+  return v;
+}
+// Max over the threads of one row (sub-warp butterfly, or block_max, then the cluster's CTAs
+// through distributed shared memory, `slots` alternating by row parity as in row_sum); the
+// order does not matter.
+template <typename AccT>
+__device__ __forceinline__ AccT row_max(AccT v, int group, int cluster, cuda::BlockSumScratch<AccT>& scratch,
+                                        AccT* slots, int parity) {
+  if (group <= 32) {
+    for (int offset = group / 2; offset > 0; offset >>= 1) v = fp8_amax(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+  }
+  v = block_max(v, scratch);
+  if (cluster == 1) return v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  if (threadIdx.x == 0) slots[parity] = v;
+  cl.sync();
+  for (int r = 0; r < cluster; ++r) v = fp8_amax(v, *cl.map_shared_rank(slots + parity, r));
+  return v;
+#else
+  __trap();  // clusters are only chosen on sm_90 and newer
+  return v;
+#endif
+}
+
+// v[0 .. V) as R (exact: the values are R's already), held as raw words.
+template <typename R, int V, typename AccT>
+__device__ __forceinline__ cuda::RawVec<R, V> raw_of(const AccT (&v)[V]) {
+  cuda::Vec<R, V> e;
+#pragma unroll
+  for (int i = 0; i < V; ++i) e.v[i] = static_cast<R>(v[i]);
+  cuda::RawVec<R, V> raw;
+  memcpy(&raw, &e, sizeof(raw));
+  return raw;
+}
+
+// The forward's pointers (rms_norm_fused: y and rstd; rms_norm_quant: q and a static scale or row_scale).
+template <typename T, typename R, typename W, typename OutT, typename AccT>
+struct FusedForwardArgs {
+  const T* x;
+  const R* res;  // nullptr: no residual (then R == T and h = x)
+  const W* w;    // nullptr: no weight
+  R* h_out;      // with a residual
+  OutT* y;
+  AccT* rstd;
+  c10::Float8_e4m3fn* q;
+  const float* static_scale;  // nullptr: a scale per row, written to row_scale
+  float* row_scale;
+  FusedRows s;
+  AccT eps;
+  AccT offset;
+  bool llama;
+};
+
+// Forward (kQuant: rms_norm_quant) of rows in registers (register and decode rows, and cluster
+// rows: a row over `cluster` CTAs); see common.cuh. kWeightWithX (decode
+// rows): the row's weight vectors are loaded with x and r and held as loaded, so the stores
+// wait for one round trip to memory, not two (the weight's, after the row's sum); its CTAs of
+// at most kDecodeMaxThreads may take the registers that needs. kClusterRows: `cluster` is
+// read (else 1, and the kernel is the one-CTA rows' alone, which takes fewer registers).
+template <bool kQuant, bool kWeightWithX, bool kClusterRows, typename T, typename R, typename W, typename OutT,
+          typename AccT, int Vpt>
+__global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMaxThreads)
+    fused_rows_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group, int cluster_arg) {
+  constexpr int V = 16 / sizeof(T);
+  const int cluster = kClusterRows ? cluster_arg : 1;
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  __shared__ AccT sum_slots[2], max_slots[2];  // cluster rows: the CTA's sum and max of a row, by row parity
+  const RowSlot L(group, cluster);
+  const int64_t N = a.s.N;
+  const int nv = static_cast<int>(N / V);
+  int parity = 0;
+  for (int64_t first = L.first; first < a.s.M; first += L.step, parity ^= 1) {
+    const int64_t row = first + L.g;
+    const bool live = row < a.s.M;
+    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
+    cuda::RawVec<R, V> hv[Vpt] = {};
+    cuda::RawVec<W, V> wv[kWeightWithX ? Vpt : 1] = {};
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * L.row_threads + L.u;
+      if (!live || q >= nv) continue;
+      const int64_t at = row * N + int64_t(q) * V;
+      if constexpr (kWeightWithX) {
+        if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+      }
+      const auto xv = cuda::load_raw<T, V>(a.x + at);
+      if (a.res == nullptr) {
+        if constexpr (std::is_same_v<R, T>) hv[j] = xv;
+      } else {
+        const auto rv = load_row_raw<R, V>(a.res + at);
+        AccT h[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          h[i] = static_cast<AccT>(static_cast<R>(cuda::raw_elem<AccT, T, V>(xv, i) +
+                                                  cuda::raw_elem<AccT, R, V>(rv, i)));
+        }
+        store_row_slice<R, V>(a.h_out + at, h);
+        hv[j] = raw_of<R, V>(h);
+      }
+    }
+    const AccT ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
+    const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
+    // wo = w + offset of this thread's vector j (column q).
+    const auto weight_of = [&](int j, int q, AccT(&wo)[V]) {
+      if constexpr (kWeightWithX) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) wo[i] = wr == nullptr ? AccT(1) : cuda::raw_elem<AccT, W, V>(wv[j], i) + a.offset;
+      } else {
+        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
+      }
+    };
+    // y for vector j (element i) of this thread, as OutT rounds it.
+    const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
+      return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
+    };
+    if constexpr (!kQuant) {
+      if (live && L.u == 0) a.rstd[row] = r;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (!live || q >= nv) continue;
+        AccT wo[V], y[V];
+        weight_of(j, q, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) y[i] = static_cast<AccT>(y_at(j, wo, i));
+        store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
+      }
+    } else {
+      float scale;
+      if (a.static_scale != nullptr) {
+        scale = *a.static_scale;
+      } else {
+        AccT amax = 0;
+#pragma unroll
+        for (int j = 0; j < Vpt; ++j) {
+          const int q = j * L.row_threads + L.u;
+          if (!live || q >= nv) continue;
+          AccT wo[V];
+          weight_of(j, q, wo);
+#pragma unroll
+          for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
+        }
+        scale = fp8_row_scale(row_max(amax, group, cluster, scratch, max_slots, parity));
+        if (live && L.u == 0) a.row_scale[row] = scale;
+      }
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (!live || q >= nv) continue;
+        AccT wo[V];
+        weight_of(j, q, wo);
+        cuda::Vec<c10::Float8_e4m3fn, V> out;
+#pragma unroll
+        for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
+        cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
+      }
+    }
+  }
+  if (cluster > 1) cluster_sync();  // no CTA leaves while another may still read its slots
+}
+template <typename T, typename R, typename W, typename OutT, typename AccT>
+__global__ void __launch_bounds__(kMaxThreads)
+    fused_forward_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
+                         OutT* __restrict__ y, R* h_out, AccT* __restrict__ rstd, FusedRows s, AccT eps,
+                         AccT offset, bool llama) {
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  const int64_t N = s.N;
+  for (int64_t row = blockIdx.x; row < s.M; row += gridDim.x) {
+    const int64_t base = row * N;
+    const AccT r = row_rstd(x, res, h_out, base, N, eps, scratch);
+    if (threadIdx.x == 0) rstd[row] = r;
+    const W* wr = w != nullptr ? w + (row % s.H) * N : nullptr;
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+      const AccT v = h_at<T, R, AccT>(x, h_out, res != nullptr, base + j);
+      y[base + j] = fused_output<OutT, T>(v, r, fused_weight<W, AccT>(wr, j, offset), llama);
+    }
+  }
+}
+
+// rms_norm_quant: as the forward, then (dynamic scale) a pass for max|y| and the CTA's max, and a
+// pass writing q = fp8_quantize(y, scale).
+template <typename T, typename R, typename W, typename OutT, typename AccT>
+__global__ void __launch_bounds__(kMaxThreads)
+    quant_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
+                 c10::Float8_e4m3fn* __restrict__ q, R* h_out, const float* __restrict__ static_scale,
+                 float* __restrict__ row_scale, FusedRows s, AccT eps, AccT offset, bool llama) {
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  const int64_t N = s.N;
+  for (int64_t row = blockIdx.x; row < s.M; row += gridDim.x) {
+    const int64_t base = row * N;
+    const AccT r = row_rstd(x, res, h_out, base, N, eps, scratch);
+    const W* wr = w != nullptr ? w + (row % s.H) * N : nullptr;
+    auto y_at = [&](int64_t j) {
+      const AccT v = h_at<T, R, AccT>(x, h_out, res != nullptr, base + j);
+      return static_cast<AccT>(fused_output<OutT, T>(v, r, fused_weight<W, AccT>(wr, j, offset), llama));
+    };
+    float scale;
+    if (static_scale != nullptr) {
+      scale = *static_scale;
+    } else {
+      AccT amax = 0;
+      for (int64_t j = threadIdx.x; j < N; j += blockDim.x) amax = fp8_amax(amax, y_at(j));
+      scale = fp8_row_scale(block_max(amax, scratch));
+      if (threadIdx.x == 0) row_scale[row] = scale;
+    }
+    for (int64_t j = threadIdx.x; j < N; j += blockDim.x) q[base + j] = fp8_quantize(y_at(j), scale);
+  }
+}
+
+// The register-row forward of config c: decode rows of 2 or 4 vectors a thread (the weight
+// loaded with x), register and cluster rows of 4 or 8.
+template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT>
+void launch_rows_forward(const FusedLaunchConfig& c, const FusedForwardArgs<T, R, W, OutT, AccT>& a) {
+  const auto kernel =
+      c.kind == FusedKernel::kDecodeRows
+          ? (c.vpt == 2 ? fused_rows_forward_kernel<kQuant, true, false, T, R, W, OutT, AccT, 2>
+                        : fused_rows_forward_kernel<kQuant, true, false, T, R, W, OutT, AccT, 4>)
+      : c.kind == FusedKernel::kClusterRows ? fused_rows_forward_kernel<kQuant, false, true, T, R, W, OutT, AccT, 8>
+      : c.vpt == 4                          ? fused_rows_forward_kernel<kQuant, false, false, T, R, W, OutT, AccT, 4>
+                                            : fused_rows_forward_kernel<kQuant, false, false, T, R, W, OutT, AccT, 8>;
+  launch_register_rows(kernel, c, a, c.group, c.cluster);
+}
+
+// The forward's tensors as the kernels read them: contiguous and 16-byte aligned (a view with an
+// offset is copied once), so that the kernel choice depends on the problem alone.
+struct FusedForwardInputs {
+  at::Tensor x, r, w;
+
+  FusedForwardInputs(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                     const std::optional<at::Tensor>& weight)
+      : x(cuda::aligned_contiguous(input)),
+        r(has_tensor(residual) ? cuda::aligned_contiguous(*residual) : at::Tensor()),
+        w(has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor()) {}
+};
+
+void rms_norm_fused_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                             std::optional<double> eps, double weight_offset, c10::string_view casting_name,
+                             const at::Tensor& output, const at::Tensor& residual_out, const at::Tensor& rstd) {
+  const char* op = kRmsNormFusedOp;
+  const Casting casting = parse_casting(op, casting_name);
+  const auto rows = check_rms_norm_fused(op, input, residual, normalized_shape, weight, weight_offset);
+  check_fused_forward_outputs(input, residual, normalized_shape, weight, casting, output, residual_out, rstd);
+  cuda::check_out_aligned(op, "output", output);
+  if (has_tensor(residual)) cuda::check_out_aligned(op, "residual_out", residual_out);
+  if (rows.M == 0) return;
+  const c10::cuda::CUDAGuard guard(input.device());
+  const FusedForwardInputs in(input, residual, weight);
+  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
+  const FusedLaunchConfig c = fused_config(rows, input.scalar_type(), false, false);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_fused_types(input.scalar_type(), in.r.defined() && in.r.scalar_type() != input.scalar_type(),
+                       in.w.defined() && in.w.scalar_type() != input.scalar_type(),
+                       output.scalar_type() != input.scalar_type(), [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
+    using T = decltype(t);
+    using R = decltype(r_tag);
+    using W = decltype(w_tag);
+    using OutT = decltype(o_tag);
+    using AccT = at::opmath_type<T>;
+    const T* x = in.x.const_data_ptr<T>();
+    const R* r = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
+    const W* w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
+    R* h_out = r != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
+    const auto e_acc = static_cast<AccT>(e), offset = static_cast<AccT>(weight_offset);
+    const bool llama = casting == Casting::kLlama;
+    if (!c.register_kind()) {
+      fused_forward_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(
+          x, r, w, output.mutable_data_ptr<OutT>(), h_out, rstd.mutable_data_ptr<AccT>(), rows, e_acc, offset, llama);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      launch_rows_forward<false>(c, FusedForwardArgs<T, R, W, OutT, AccT>{
+          x, r, w, h_out, output.mutable_data_ptr<OutT>(), rstd.mutable_data_ptr<AccT>(), nullptr, nullptr, nullptr,
+          rows, e_acc, offset, llama});
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cuda(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+    c10::string_view casting_name) {
+  const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
+  check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
+  auto [output, residual_out, rstd] = empty_rms_norm_fused_outputs(input, residual, normalized_shape, weight, casting);
+  rms_norm_fused_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
+                          residual_out, rstd);
+  return {output, residual_out, rstd};
+}
+
+void rms_norm_quant_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                             std::optional<double> eps, double weight_offset, c10::string_view casting_name,
+                             const std::optional<at::Tensor>& scale, const at::Tensor& output,
+                             const at::Tensor& residual_out, const at::Tensor& scale_out) {
+  const char* op = kRmsNormQuantOp;
+  const Casting casting = parse_casting(op, casting_name);
+  const auto rows = check_rms_norm_fused(op, input, residual, normalized_shape, weight, weight_offset);
+  if (has_tensor(scale)) check_fp8_scale(op, input, *scale);
+  check_quant_outputs(input, residual, normalized_shape, !has_tensor(scale), output, residual_out, scale_out);
+  cuda::check_out_aligned(op, "output", output);
+  if (has_tensor(residual)) cuda::check_out_aligned(op, "residual_out", residual_out);
+  if (rows.M == 0) return;
+  const c10::cuda::CUDAGuard guard(input.device());
+  const FusedForwardInputs in(input, residual, weight);
+  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
+  const auto out_dtype = fused_output_dtype(input.scalar_type(), weight, casting);
+  const FusedLaunchConfig c = fused_config(rows, input.scalar_type(), false, false);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_fused_types(input.scalar_type(), in.r.defined() && in.r.scalar_type() != input.scalar_type(),
+                       in.w.defined() && in.w.scalar_type() != input.scalar_type(), out_dtype != input.scalar_type(),
+                       [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
+    using T = decltype(t);
+    using R = decltype(r_tag);
+    using W = decltype(w_tag);
+    using OutT = decltype(o_tag);
+    using AccT = at::opmath_type<T>;
+    const T* x = in.x.const_data_ptr<T>();
+    const R* r = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
+    const W* w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
+    R* h_out = r != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
+    auto* q = output.mutable_data_ptr<c10::Float8_e4m3fn>();
+    const float* static_scale = has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr;
+    float* row_scale = has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>();
+    const auto e_acc = static_cast<AccT>(e), offset = static_cast<AccT>(weight_offset);
+    const bool llama = casting == Casting::kLlama;
+    if (!c.register_kind()) {
+      quant_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(x, r, w, q, h_out, static_scale, row_scale,
+                                                                          rows, e_acc, offset, llama);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      launch_rows_forward<true>(c, FusedForwardArgs<T, R, W, OutT, AccT>{
+          x, r, w, h_out, nullptr, nullptr, q, static_scale, row_scale, rows, e_acc, offset, llama});
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cuda(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+    c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
+  parse_casting(kRmsNormQuantOp, casting_name);
+  check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
+  auto [output, residual_out, scale_out] = empty_rms_norm_quant_outputs(input, residual, normalized_shape, scale);
+  rms_norm_quant_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
+                          residual_out, scale_out);
+  return {output, residual_out, scale_out};
+}
+// problem = [M, N, H]
+KernelChoice rms_norm_fused_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
+  return fused_choice(problem, dtype, false);
+}
+
+BARACUDA_REGISTER_VARIANT("rms_norm_fused", c10::DeviceType::CUDA, rms_norm_fused_choice);
+BARACUDA_REGISTER_VARIANT("rms_norm_quant", c10::DeviceType::CUDA, rms_norm_fused_choice);
+
+}  // namespace
+}  // namespace baracuda
+
+TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
+  m.impl("rms_norm_fused", &baracuda::rms_norm_fused_cuda);
+  m.impl("rms_norm_fused.out", &baracuda::rms_norm_fused_out_cuda);
+  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_cuda);
+  m.impl("rms_norm_quant.out", &baracuda::rms_norm_quant_out_cuda);
+}

@@ -1,0 +1,275 @@
+// rms_norm_fused's CUDA launch policy (baracuda/launch_policy.h), shared by
+// rms_norm_fused, rms_norm_quant and rms_norm_fused_backward: which kernel runs a
+// problem and with what shape, as a pure function of the problem and the device's facts.
+//
+// The input is [M, N] rows, the weight H rows of N (a per-head weight: H > 1). Rows of
+// whole 16-byte vectors (N % V == 0, V = 16 / element size) are held in registers: a
+// row's nv = N / V vectors are split over `group` threads of a CTA (a power of two; a
+// sub-warp when group <= 32, kRowsBlock / group rows a CTA) times `cluster` CTAs of a
+// thread-block cluster, thread u holding vectors q = j * group * cluster + u (j < vpt).
+// The kernel kinds (csrc/cuda/rms_norm_fused/):
+//   kRegisterRows  a row in one CTA (or a sub-warp), 4 or 8 vectors a thread
+//                  (forward), 2 or 4 (backward);
+//   kDecodeRows    forward of no more rows than SMs: each CTA one row group, at most
+//                  kDecodeMaxThreads threads of 2 or 4 vectors, the weight loaded with
+//                  x and r (one round trip to memory before the stores, not two);
+//   kClusterRows   backward rows longer than a 512-thread CTA holds (sm_90): a row a
+//                  cluster of 512-thread CTAs, whose sums meet in distributed shared
+//                  memory; each CTA keeps its columns' dW sums in registers;
+//   kCtaRows       everything else (rows not of whole vectors, the dW of a per-head
+//                  weight, rows too long for a cluster): a CTA a row, two passes.
+// Backward dW (deterministic, no atomics): each row group (CTA or cluster) writes a
+// partial row, which a second kernel sums in order.
+//
+// Plain C++ (compiled into CPU-only builds): the launchers call rms_norm_fused_launch_config
+// with cuda::device_facts(), the Plan API and the CPU tests with recorded facts.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "baracuda/errors.h"
+#include "baracuda/launch_policy.h"
+
+namespace baracuda {
+namespace fused {
+
+constexpr int kMaxThreads = 1024;       // forward register rows: a row's threads, at most
+constexpr int kBwdMaxThreads = 512;     // backward rows: dy, h and the dW sums in up to 128 registers
+constexpr int kRowsBlock = 256;         // CTA size when several short rows share a CTA
+constexpr int kDecodeMaxThreads = 256;  // decode rows: threads a row, at most
+constexpr int kMaxCluster = 8;          // portable thread-block cluster size
+constexpr int kSumThreads = 256;        // the dW partials' ordered sum: one column per thread
+
+template <typename T>
+constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+inline int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+}  // namespace fused
+
+struct FusedProblem {
+  int64_t M = 0, N = 0, H = 1;  // rows, row length, weight rows
+  int64_t elem = 2;             // the input's element size
+  int64_t acc_bytes = 4;        // float32 sums (float64 for a float64 input)
+  bool backward = false;
+  bool dw = false;              // backward: grad_weight is computed
+};
+
+enum class FusedKernel { kEmpty, kRegisterRows, kDecodeRows, kClusterRows, kCtaRows };
+
+struct FusedLaunchConfig {
+  FusedKernel kind = FusedKernel::kEmpty;  // M == 0 or N == 0: no kernel runs
+  int threads = 0;      // per CTA
+  int group = 0;        // register kinds: threads of a row within a CTA
+  int cluster = 1;      // CTAs of a row
+  int vpt = 0;          // register kinds: vectors a thread holds
+  int min_ctas = 1;     // backward rows: CTAs per SM the kernel's registers are capped for
+  int64_t ctas = 0;     // row groups (CTAs, or clusters) launched at most; backward: dW partial rows
+  int64_t workspace = 0;  // backward: bytes of the dW partial rows
+
+  bool register_kind() const {
+    return kind == FusedKernel::kRegisterRows || kind == FusedKernel::kDecodeRows ||
+           kind == FusedKernel::kClusterRows;
+  }
+};
+
+// Rows in registers for rows of nv vectors: the fewest vectors per thread of `vpts`
+// (ascending) for which the row's threads (a power of two) fit in max_threads;
+// {0, 0} when none does.
+inline std::pair<int, int> fused_row_split(int64_t nv, std::initializer_list<int> vpts, int max_threads) {
+  for (const int vpt : vpts) {
+    const int group = fused::pow2_ceil(fused::ceil_div<int64_t>(nv, vpt));
+    if (group <= max_threads) return {group, vpt};
+  }
+  return {0, 0};
+}
+
+// CTAs of `threads` the device holds at once, by threads alone.
+inline int64_t fused_resident_ctas(int threads, const DeviceFacts& f) {
+  return int64_t(f.num_sms) * (f.max_threads_per_sm / threads);
+}
+
+// CTA per row: a warp per 4 elements of a row, 32 to 1024 threads.
+inline int fused_cta_threads(int64_t N) {
+  const int64_t want = fused::ceil_div<int64_t>(fused::ceil_div<int64_t>(N, 4), 32) * 32;
+  return static_cast<int>(std::clamp<int64_t>(want, 32, fused::kMaxThreads));
+}
+
+// Forward (rms_norm_fused, rms_norm_quant): 4 vectors a thread, 8 for longer rows (the held
+// h is 16 or 32 registers), in CTAs of up to 512 threads (two an SM: at N = 32768 bf16, 512 ×
+// 8 reach 0.91 of copy on an H200 where 1024 × 4 reach 0.84), then of up to 1024 threads × 8
+// (at 8192 vectors, 1024 × 8 measured 2–4% faster than a cluster of two 512 × 8); rows longer
+// than that a cluster of 512 × 8 (sm_90): at N = 65536 float32 0.80 of copy, where the
+// CTA-per-row kernel reaches 0.64. float64 rows: CTAs of up to 1024 threads × 4 or 8 (its
+// cluster rows would spill), else the CTA-per-row kernel. A CTA
+// (or cluster) per row group while the device holds them, the rest by grid-stride. Decode
+// rows: the fewest vectors (2 or 4) that keep a row within kDecodeMaxThreads, whose launch of
+// a single wave loads each weight vector once per CTA whenever it loads it.
+inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const DeviceFacts& f) {
+  using namespace fused;
+  FusedLaunchConfig c;
+  if (p.M == 0 || p.N == 0) return c;
+  const int64_t V = 16 / p.elem;
+  if (p.N % V != 0) {
+    c.kind = FusedKernel::kCtaRows;
+    c.threads = fused_cta_threads(p.N);
+    c.ctas = std::max<int64_t>(1, std::min(p.M, fused_resident_ctas(c.threads, f)));
+    return c;
+  }
+  const int64_t nv = p.N / V;
+  auto [group, vpt] = fused_row_split(nv, {4, 8}, p.elem <= 4 ? kBwdMaxThreads : kMaxThreads);
+  if (group == 0) std::tie(group, vpt) = fused_row_split(nv, {8}, kMaxThreads);
+  c.kind = FusedKernel::kRegisterRows;
+  if (group == 0 && f.clusters() && p.elem <= 4) {
+    const int64_t cluster = ceil_div<int64_t>(ceil_div<int64_t>(nv, 8), kBwdMaxThreads);
+    if (cluster <= kMaxCluster) {
+      std::tie(group, vpt) = std::pair<int, int>{kBwdMaxThreads, 8};
+      c.kind = FusedKernel::kClusterRows;
+      c.cluster = static_cast<int>(cluster);
+    }
+  }
+  if (p.M <= f.num_sms) {
+    const auto [dgroup, dvpt] = fused_row_split(nv, {2, 4}, kDecodeMaxThreads);
+    if (dgroup > 0) {
+      std::tie(group, vpt) = std::pair<int, int>{dgroup, dvpt};
+      c.kind = FusedKernel::kDecodeRows;
+      c.cluster = 1;
+    }
+  }
+  if (group == 0) {
+    c.kind = FusedKernel::kCtaRows;
+    c.threads = fused_cta_threads(p.N);
+    c.ctas = std::max<int64_t>(1, std::min(p.M, fused_resident_ctas(c.threads, f)));
+    return c;
+  }
+  c.group = group;
+  c.vpt = vpt;
+  c.threads = group > 32 ? group : kRowsBlock;
+  const int64_t row_groups = ceil_div<int64_t>(p.M, c.threads / group);
+  c.ctas = std::max<int64_t>(1, std::min(row_groups, fused_resident_ctas(c.threads, f) / c.cluster));
+  return c;
+}
+
+// Backward: 2 vectors a thread, 4 for longer rows (dy, h and dres of a 16-bit input with
+// float dW sums: 80 to 128 registers), up to 512 threads a row; and 4 where that keeps a
+// row within a warp (a sub-warp row sums by shuffles alone, no barrier). A row of 512
+// threads × 2 vectors takes 79–85 registers a thread, one CTA per SM; capped at 64 (a few
+// bytes of spill), two CTAs fit, the loads of one running while the other sums its row
+// (0.87 of copy at [16384, 8192] bf16 on an H200, 0.74 uncapped). At 256 threads and fewer
+// three or more CTAs fit uncapped, and the cap's spills cost 8–15%.
+// Rows longer than 512 threads × 4 vectors (N > 16384 of a 16-bit input, 8192 of float32):
+// cluster rows of 512 × 2 vectors, capped for two CTAs an SM as above (4 vectors, one CTA
+// an SM, where 2 would need more than kMaxCluster CTAs). The dW of a per-head weight, and
+// rows not of whole vectors: the CTA-per-row kernel.
+// Row groups: at most half the CTAs the device holds by threads (a wave of the compiled
+// kernel, which the launcher takes), and as many dW partial rows.
+inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const DeviceFacts& f) {
+  using namespace fused;
+  FusedLaunchConfig c;
+  if (p.M == 0 || p.N == 0) return c;
+  const int64_t V = 16 / p.elem;
+  const bool rows = p.N % V == 0 && (p.H == 1 || !p.dw);
+  const int64_t nv = p.N / V;
+  auto [group, vpt] = rows ? fused_row_split(nv, {2, 4}, kBwdMaxThreads) : std::pair<int, int>{0, 0};
+  if (vpt == 2 && group == 64) std::tie(group, vpt) = std::pair<int, int>{32, 4};
+  if (group > 0) {
+    c.kind = FusedKernel::kRegisterRows;
+    c.min_ctas = vpt == 2 && group == kBwdMaxThreads ? 2 : 1;
+  } else if (rows && f.clusters()) {
+    for (const int v : {2, 4}) {
+      const int64_t cluster = ceil_div<int64_t>(ceil_div<int64_t>(nv, v), kBwdMaxThreads);
+      if (cluster <= kMaxCluster) {
+        c.kind = FusedKernel::kClusterRows;
+        group = kBwdMaxThreads;
+        vpt = v;
+        c.cluster = static_cast<int>(cluster);
+        c.min_ctas = v == 2 ? 2 : 1;
+        break;
+      }
+    }
+  }
+  if (c.kind == FusedKernel::kEmpty) {
+    c.kind = FusedKernel::kCtaRows;
+    c.threads = fused_cta_threads(p.N);
+    const int64_t periods = p.M / p.H;
+    c.ctas = std::max<int64_t>(1, std::min(periods, fused_resident_ctas(c.threads, f)));
+    c.workspace = p.dw && periods > 0 ? c.ctas * p.H * p.N * p.acc_bytes : 0;
+    return c;
+  }
+  c.group = group;
+  c.vpt = vpt;
+  c.threads = group > 32 ? group : kRowsBlock;
+  const int64_t row_groups = ceil_div<int64_t>(p.M, c.threads / group);
+  const int64_t resident = std::max<int64_t>(1, fused_resident_ctas(c.threads, f) / 2 / c.cluster);
+  c.ctas = std::max<int64_t>(1, std::min(row_groups, resident));
+  c.workspace = p.dw ? c.ctas * p.N * p.acc_bytes : 0;
+  return c;
+}
+
+// problem = [M, N, H] (forward), [M, N, H, grad_weight's element size or 0: no dW] (backward).
+inline FusedProblem fused_problem(c10::IntArrayRef problem, c10::ScalarType dtype, bool backward) {
+  const char* op = backward ? "baracuda::rms_norm_fused_backward" : "baracuda::rms_norm_fused";
+  BARACUDA_CHECK_VALUE(problem.size() == (backward ? 4u : 3u) && problem[0] >= 0 && problem[1] >= 0 &&
+                           problem[2] >= 1,
+                       op, ": malformed problem ", problem, ", expected [M, N, H", backward ? ", dW element size]" : "]");
+  BARACUDA_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16 || dtype == c10::kFloat ||
+                           dtype == c10::kDouble,
+                       op, ": dtype must be float16, bfloat16, float32 or float64, got ", dtype);
+  FusedProblem p;
+  p.M = problem[0];
+  p.N = problem[1];
+  p.H = problem[2];
+  p.elem = static_cast<int64_t>(c10::elementSize(dtype));
+  p.acc_bytes = dtype == c10::kDouble ? 8 : 4;
+  p.backward = backward;
+  p.dw = backward && problem[3] > 0;
+  return p;
+}
+
+inline FusedLaunchConfig rms_norm_fused_launch_config(const FusedProblem& p, const DeviceFacts& f) {
+  return p.backward ? fused_backward_config(p, f) : fused_forward_config(p, f);
+}
+
+inline const char* fused_kernel_name(FusedKernel k) {
+  switch (k) {
+    case FusedKernel::kEmpty: return "empty";
+    case FusedKernel::kRegisterRows: return "register_rows";
+    case FusedKernel::kDecodeRows: return "decode_rows";
+    case FusedKernel::kClusterRows: return "cluster_rows";
+    case FusedKernel::kCtaRows: return "cta_rows";
+  }
+  return "?";
+}
+
+inline LaunchConfigView fused_view(const FusedLaunchConfig& c) {
+  LaunchConfigView v;
+  v.kind = fused_kernel_name(c.kind);
+  v.params = {{"threads", c.threads}, {"group", c.group},       {"cluster", c.cluster},
+              {"vpt", c.vpt},         {"ctas_per_sm", c.min_ctas}, {"row_groups", c.ctas}};
+  v.workspace_bytes = c.workspace;
+  return v;
+}
+
+inline LaunchConfigView rms_norm_fused_launch_view(c10::IntArrayRef problem, c10::ScalarType dtype,
+                                                   const DeviceFacts& facts) {
+  return fused_view(rms_norm_fused_launch_config(fused_problem(problem, dtype, false), facts));
+}
+
+inline LaunchConfigView rms_norm_fused_backward_launch_view(c10::IntArrayRef problem, c10::ScalarType dtype,
+                                                            const DeviceFacts& facts) {
+  return fused_view(rms_norm_fused_launch_config(fused_problem(problem, dtype, true), facts));
+}
+
+}  // namespace baracuda
