@@ -98,11 +98,12 @@ struct FusedForwardArgs {
 };
 
 // Forward (kQuant: rms_norm_quant) of rows in registers (register and decode rows, and cluster
-// rows: a row over `cluster` CTAs); see common.cuh. kWeightWithX (decode
-// rows): the row's weight vectors are loaded with x and r and held as loaded, so the stores
-// wait for one round trip to memory, not two (the weight's, after the row's sum); its CTAs of
-// at most kDecodeMaxThreads may take the registers that needs. kClusterRows: `cluster` is
-// read (else 1, and the kernel is the one-CTA rows' alone, which takes fewer registers).
+// rows: a row over `cluster` CTAs); see common.cuh. kWeightWithX (decode rows): the row's x, r
+// and weight vectors are all loaded before any is used, the weight held as loaded, so the
+// stores wait for one round trip to memory (not one per vector, and the weight's after the
+// row's sum); its CTAs of at most kDecodeMaxThreads may take the registers that needs.
+// kClusterRows: `cluster` is read (else 1, and the kernel is the one-CTA rows' alone, which
+// takes fewer registers).
 template <bool kQuant, bool kWeightWithX, bool kClusterRows, typename T, typename R, typename W, typename OutT,
           typename AccT, int Vpt>
 __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMaxThreads)
@@ -121,19 +122,43 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
     const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
     cuda::RawVec<R, V> hv[Vpt] = {};
     cuda::RawVec<W, V> wv[kWeightWithX ? Vpt : 1] = {};
+    // Decode rows: every load of the row issued before any is used (the h stores below may
+    // alias x and r for the compiler, which then keeps each vector's loads after the previous
+    // vector's store). The other rows load vector by vector (x and r of all 8 vectors at once
+    // would not fit their 64 registers).
+    cuda::RawVec<T, V> xs[kWeightWithX ? Vpt : 1] = {};
+    cuda::RawVec<R, V> rs[kWeightWithX ? Vpt : 1] = {};
+    if constexpr (kWeightWithX) {
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * L.row_threads + L.u;
+        if (!live || q >= nv) continue;
+        const int64_t at = row * N + int64_t(q) * V;
+        if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+        xs[j] = cuda::load_raw<T, V>(a.x + at);
+        if (a.res != nullptr) rs[j] = load_row_raw<R, V>(a.res + at);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * L.row_threads + L.u;
       if (!live || q >= nv) continue;
       const int64_t at = row * N + int64_t(q) * V;
+      cuda::RawVec<T, V> xv;
       if constexpr (kWeightWithX) {
-        if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+        xv = xs[j];
+      } else {
+        xv = cuda::load_raw<T, V>(a.x + at);
       }
-      const auto xv = cuda::load_raw<T, V>(a.x + at);
       if (a.res == nullptr) {
         if constexpr (std::is_same_v<R, T>) hv[j] = xv;
       } else {
-        const auto rv = load_row_raw<R, V>(a.res + at);
+        cuda::RawVec<R, V> rv;
+        if constexpr (kWeightWithX) {
+          rv = rs[j];
+        } else {
+          rv = load_row_raw<R, V>(a.res + at);
+        }
         AccT h[V];
 #pragma unroll
         for (int i = 0; i < V; ++i) {
