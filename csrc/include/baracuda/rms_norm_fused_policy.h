@@ -35,6 +35,7 @@
 
 #include "baracuda/errors.h"
 #include "baracuda/launch_policy.h"
+#include "baracuda/rms_norm_policy.h"
 
 namespace baracuda {
 namespace fused {
@@ -46,16 +47,8 @@ constexpr int kDecodeMaxThreads = 256;  // decode rows: threads a row, at most
 constexpr int kMaxCluster = 8;          // portable thread-block cluster size
 constexpr int kSumThreads = 256;        // the dW partials' ordered sum: one column per thread
 
-template <typename T>
-constexpr T ceil_div(T a, T b) {
-  return (a + b - 1) / b;
-}
-
-inline int pow2_ceil(int64_t v) {
-  int p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
+using rms::ceil_div;
+using rms::pow2_ceil;
 
 }  // namespace fused
 
