@@ -1,12 +1,12 @@
 // rms_norm backward, CUDA: the launcher of the backward kernels (register rows:
 // backward_rows.cuh, streamed cluster rows: backward_streamed.cuh, decode rows:
-// backward_decode.cuh, two-pass rows: two_pass.cuh, dW partial-row sum: dw_sum.cuh;
+// backward_decode.cuh, two-pass rows: two_pass.cuh, dW partial-row sum: rms_dw_sum_kernel
+// in baracuda/rms_rows.cuh;
 // kinds and their choice: baracuda/rms_norm_policy.h).
 #include "backward_decode.cuh"
 #include "backward_rows.cuh"
 #include "backward_streamed.cuh"
 #include "common.cuh"
-#include "dw_sum.cuh"
 #include "two_pass.cuh"
 
 namespace baracuda {
@@ -153,11 +153,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
           });
         }
         if (want_dw && !direct) {
-          cuda::launch(rms_norm_dw_sum_kernel<acc_t, W>,
-                       {.grid = dim3(ceil_div<int64_t>(rows.N, kReduceCols)),
-                        .block = dim3(kReduceCols, kReduceSlices),
-                        .early = true},
-                       parts, grad_weight.mutable_data_ptr<W>(), c.clusters, rows.N);
+          launch_rms_dw_sum(parts, grad_weight.mutable_data_ptr<W>(), c.clusters, rows.N);
         }
       });
     });

@@ -12,7 +12,7 @@ namespace {
 //   dW: acc[i] += dy_i * x_i * rstd, in shared memory, one slot per (thread,
 //   element): each thread adds the rows it visits in order. At the end the CTA
 //   adds its row slots in row order and writes partials[p][col] (p = the row
-//   group), which rms_norm_dw_sum_kernel adds over p in order. No atomics.
+//   group), which rms_dw_sum_kernel adds over p in order. No atomics.
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
 //   staged_w: the thread's first staged_w w vectors in shared memory after the
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
   // Rows that need a cluster, the only ones the policy runs two CTAs per SM: the dW
   // sums are added while the CTA waits at the row's cluster barrier (below).
   constexpr bool kClusterRows = MinBlocks == 2;
-  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
+  cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
   extern __shared__ __align__(16) unsigned char rms_smem[];
   AccT* acc = reinterpret_cast<AccT*>(rms_smem);  // [Vpt * V][blockDim.x]
   __shared__ cuda::BlockSumScratch<AccT> scratch;

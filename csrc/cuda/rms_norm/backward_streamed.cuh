@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   constexpr int Vpt = kVpt;
   constexpr int kStages = kStreamStages;
   using Raw = cuda::RawVec<T, V>;
-  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
+  cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
   extern __shared__ __align__(16) unsigned char rms_smem[];
   __shared__ cuda::BlockSumScratch<AccT> scratch[2];  // by row parity: one barrier a block sum
   __shared__ AccT slots[2];
@@ -78,18 +78,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   RawWeight<W, V> wv[Vpt];
   AccT dw[Vpt * V] = {};
 #pragma unroll
-  for (int j = 0; j < Vpt; ++j) {
-    const int q = j * L.row_threads + L.u;
-#pragma unroll
-    for (int c = 0; c < V / RawWeight<W, V>::kChunk; ++c) {
-      constexpr int kChunk = RawWeight<W, V>::kChunk;
-      if (w == nullptr || q >= nv) {
-        wv[j].chunk[c] = RawWeight<W, V>::ones_chunk();
-      } else {
-        wv[j].chunk[c] = cuda::load_raw<W, kChunk>(w + int64_t(q) * V + c * kChunk);
-      }
-    }
-  }
+  for (int j = 0; j < Vpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * L.row_threads + L.u, nv);
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
   const auto mine = [&](int j) { return j * L.row_threads + L.u < nv; };
   // Row i's partial sum of g * w * x (waiting for its stage), its dW terms added.

@@ -6,32 +6,6 @@
 namespace baracuda {
 namespace {
 
-// ---------------------------------------------------------------------------
-// Decode kernels: a thread's weight vector w[col .. col + V) as loaded, 16-byte
-// chunks of raw bits, its elements converted to AccT where they are used (as x's
-// and dy's), so that no conversion waits for a weight load before the next
-// vector's loads are issued (unpacking a bf16 weight early would hold them back).
-template <typename W, int V>
-struct RawWeight {
-  static constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
-  cuda::RawVec<W, kChunk> chunk[V / kChunk];
-
-  template <typename AccT>
-  __device__ __forceinline__ AccT at(int i) const {
-    return cuda::raw_elem<AccT, W, kChunk>(chunk[i / kChunk], i % kChunk);
-  }
-
-  // A chunk of W(1)s: the weight where there is none.
-  static __device__ __forceinline__ cuda::RawVec<W, kChunk> ones_chunk() {
-    cuda::Vec<W, kChunk> one;
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) one.v[i] = W(1);
-    cuda::RawVec<W, kChunk> raw;
-    memcpy(&raw, &one, sizeof(raw));
-    return raw;
-  }
-};
-
 // One 16-byte vector of a decode row: the forward's by the read-only path (the
 // compiler's ld.global.nc), the backward's (kPlain) by a plain ld.global: each the
 // faster form for its kernel.

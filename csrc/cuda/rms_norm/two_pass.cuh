@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kLoopedThreads)
     rms_norm_bwd_looped_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                                const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials, int64_t M,
                                int64_t N) {
-  cuda::start_next_grid();  // rms_norm_dw_sum_kernel may take its SMs' free slots now
+  cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
   __shared__ cuda::BlockSumScratch<AccT> scratch;
   const int64_t nv = N / V;
   AccT* part = partials != nullptr ? partials + int64_t(blockIdx.x) * N : nullptr;

@@ -1,6 +1,7 @@
 // Rows of the rms_norm family on CUDA (rms_norm and rms_norm_fused): a row's
-// vectors loaded and stored in 16-byte pieces, the sum of squares of a thread's
-// vectors, and the fixed-order sum over the threads of a row.
+// vectors loaded and stored in 16-byte pieces, weights held as loaded, the sum of
+// squares of a thread's vectors, the fixed-order sum over the threads of a row, and
+// the ordered sum of the backward's dW partial rows.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -9,6 +10,7 @@
 #include <type_traits>
 
 #include "baracuda/cuda_utils.cuh"
+#include "baracuda/rms_norm_policy.h"
 
 namespace baracuda {
 
@@ -37,6 +39,41 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col
     for (int i = 0; i < kChunk; ++i) out[c * kChunk + i] = static_cast<AccT>(v.v[i]);
   }
 }
+
+// A thread's weight vector w[col .. col + V) as loaded: 16-byte chunks of raw bits, its
+// elements converted to AccT where they are used (as x's and dy's), so that no
+// conversion waits for a weight load before the next vector's loads are issued
+// (unpacking a bf16 weight early would hold them back).
+template <typename W, int V>
+struct RawWeight {
+  static constexpr int kChunk = sizeof(W) * V > 16 ? static_cast<int>(16 / sizeof(W)) : V;
+  cuda::RawVec<W, kChunk> chunk[V / kChunk];
+
+  template <typename AccT>
+  __device__ __forceinline__ AccT at(int i) const {
+    return cuda::raw_elem<AccT, W, kChunk>(chunk[i / kChunk], i % kChunk);
+  }
+
+  // A chunk of W(1)s: the weight where there is none.
+  static __device__ __forceinline__ cuda::RawVec<W, kChunk> ones_chunk() {
+    cuda::Vec<W, kChunk> one;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) one.v[i] = W(1);
+    cuda::RawVec<W, kChunk> raw;
+    memcpy(&raw, &one, sizeof(raw));
+    return raw;
+  }
+
+  // Vector q of w (ones without a weight, or past the row's nv vectors).
+  static __device__ __forceinline__ RawWeight load(const W* __restrict__ w, int q, int nv) {
+    RawWeight out;
+#pragma unroll
+    for (int c = 0; c < V / kChunk; ++c) {
+      out.chunk[c] = w == nullptr || q >= nv ? ones_chunk() : cuda::load_raw<W, kChunk>(w + int64_t(q) * V + c * kChunk);
+    }
+    return out;
+  }
+};
 
 // p[0 .. V) as raw words (cuda::RawVec), in 16-byte loads where the width allows
 // (p aligned to the load: 16 bytes, or sizeof(X) * V when that is less).
@@ -137,5 +174,45 @@ __device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, cuda::Bl
   return v;
 #endif
 }
+
+namespace {
+
+// dw[c] = sum_{p = 0 .. P-1} partials[p][c] (C columns): thread (c, s) adds p = s, s + S,
+// ... in order, then the S slice sums are added in slice order. Deterministic.
+// Launched early (cuda::LaunchShape): its CTAs start while the backward kernel that
+// writes the partials still runs, and wait here for it to end.
+template <typename AccT, typename W>
+__global__ void __launch_bounds__(rms::kReduceCols* rms::kReduceSlices)
+    rms_dw_sum_kernel(const AccT* __restrict__ partials, W* __restrict__ dw, int64_t P, int64_t C) {
+  using rms::kReduceCols;
+  using rms::kReduceSlices;
+  cuda::wait_for_previous_grid();
+  __shared__ AccT part[kReduceSlices][kReduceCols];
+  const int64_t col = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
+  AccT s = 0;
+  if (col < C) {
+    for (int64_t p = threadIdx.y; p < P; p += kReduceSlices) s += partials[p * C + col];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < C) {
+    AccT t = 0;
+#pragma unroll
+    for (int k = 0; k < kReduceSlices; ++k) t += part[k][threadIdx.x];
+    dw[col] = static_cast<W>(t);
+  }
+}
+
+// Launches rms_dw_sum_kernel early on the current stream.
+template <typename AccT, typename W>
+void launch_rms_dw_sum(const AccT* partials, W* dw, int64_t P, int64_t C) {
+  cuda::launch(rms_dw_sum_kernel<AccT, W>,
+               {.grid = dim3(cuda::ceil_div<int64_t>(C, rms::kReduceCols)),
+                .block = dim3(rms::kReduceCols, rms::kReduceSlices),
+                .early = true},
+               partials, dw, P, C);
+}
+
+}  // namespace
 
 }  // namespace baracuda
