@@ -41,3 +41,9 @@ def device_has_recorded_facts(device: torch.device) -> bool:
         return False
     props = torch.cuda.get_device_properties(device)
     return (props.major, props.minor) == (9, 0) and props.multi_processor_count == RECORDED_SMS
+
+
+def recorded_facts_name(device: torch.device) -> str:
+    """The recorded facts the launchers take for `device` (one with recorded facts): an H200's past
+    100 GiB of memory, else an H100's (csrc/include/baracuda/cuda_utils.cuh, device_facts)."""
+    return "h200" if torch.cuda.get_device_properties(device).total_memory > 100 * 2**30 else "h100"

@@ -249,15 +249,18 @@ CASES = [
     # 2 vectors a thread (4 past 512 threads), 512 x 2 capped for two CTAs an SM; a wave of half the
     # CTAs the device holds by threads, a dW partial row each. Longer rows: a row a cluster of
     # 512-thread CTAs, 2 vectors a thread (two CTAs an SM) while a cluster of 8 holds it, else 4.
-    # The dW of a per-head weight, and rows longer than a cluster of 8 holds: a CTA a row.
+    # The dW of a per-head weight, and rows longer than a cluster of 8 holds: a CTA a row. (16-bit
+    # rows of 64 to 512 threads x 4 past the decode rows are streamed on an H200: BANDWIDTH_CASES.)
     ("rms_norm_fused_backward", [4096, 0, 1, 2], BF16, "empty", dict(row_groups=0), 0),
-    ("rms_norm_fused_backward", [4096, 4096, 1, 2], BF16, "register_rows",
-     dict(threads=256, group=256, vpt=2, ctas_per_sm=1, row_groups=4 * SMS), 4 * SMS * 4096 * 4),
+    ("rms_norm_fused_backward", [4096, 2048, 1, 4], F32, "register_rows",
+     dict(threads=256, group=256, vpt=2, ctas_per_sm=1, stages=0, row_groups=4 * SMS), 4 * SMS * 2048 * 4),
+    ("rms_norm_fused_backward", [SMS, 4096, 1, 2], BF16, "register_rows",
+     dict(threads=256, group=256, vpt=2, ctas_per_sm=1, stages=0, row_groups=SMS), SMS * 4096 * 4),
     ("rms_norm_fused_backward", [4096, 1000, 1, 2], BF16, "register_rows", dict(threads=256, group=32, vpt=4), None),
-    ("rms_norm_fused_backward", [16384, 8192, 1, 2], BF16, "register_rows",
-     dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS), 2 * SMS * 8192 * 4),
+    ("rms_norm_fused_backward", [16384, 4096, 1, 2], F32, "register_rows",
+     dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS), 2 * SMS * 4096 * 4),
     ("rms_norm_fused_backward", [8192, 16384, 1, 0], BF16, "register_rows",
-     dict(threads=512, vpt=4, ctas_per_sm=1, cluster=1), 0),
+     dict(threads=512, vpt=4, ctas_per_sm=1, cluster=1, stages=0), 0),
     ("rms_norm_fused_backward", [4096, 32768, 1, 2], BF16, "cluster_rows",
      dict(threads=512, group=512, cluster=4, vpt=2, ctas_per_sm=2, row_groups=SMS // 2), SMS // 2 * 32768 * 4),
     ("rms_norm_fused_backward", [2048, 65536, 1, 4], BF16, "cluster_rows",
@@ -307,6 +310,26 @@ BANDWIDTH_CASES = [
     ("rms_norm_backward", [SMS + 1, 4096, 2], F16,
      {"h200": ("streamed_row", dict(block=128, dw_sum=DW_ORDERED)),
       "h100": ("cta_row", dict(block=128, dw_sum=DW_ORDERED))}),
+    # rms_norm_fused_backward of 16-bit rows of 64 to 512 threads x 4 vectors past the decode rows:
+    # on an H200 dy, h and dres staged in shared memory (sized for all three), 3 rows ahead, 2 at
+    # N = 8192 (two CTAs an SM); as many CTAs as shared memory holds, a dW partial row each. On an
+    # H100 register rows.
+    ("rms_norm_fused_backward", [4096, 2048, 1, 2], BF16,
+     {"h200": ("streamed_rows", dict(threads=64, group=64, vpt=4, stages=3, smem=3 * 3 * 4 * 64 * 16,
+                                     row_groups=6 * SMS)),
+      "h100": ("register_rows", dict(threads=128, group=128, vpt=2, stages=0, smem=0))}),
+    ("rms_norm_fused_backward", [4096, 4096, 1, 2], BF16,
+     {"h200": ("streamed_rows", dict(threads=128, vpt=4, stages=3, smem=3 * 3 * 4 * 128 * 16, row_groups=3 * SMS)),
+      "h100": ("register_rows", dict(threads=256, vpt=2, stages=0, row_groups=4 * SMS))}),
+    ("rms_norm_fused_backward", [4096, 2560, 1, 0], F16,
+     {"h200": ("streamed_rows", dict(threads=128, vpt=4, stages=3, row_groups=3 * SMS)),
+      "h100": ("register_rows", dict(threads=256, vpt=2))}),
+    ("rms_norm_fused_backward", [16384, 8192, 1, 2], BF16,
+     {"h200": ("streamed_rows", dict(threads=256, vpt=4, stages=2, smem=2 * 3 * 4 * 256 * 16, row_groups=2 * SMS)),
+      "h100": ("register_rows", dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS))}),
+    ("rms_norm_fused_backward", [SMS + 1, 4096, 1, 4], BF16,
+     {"h200": ("streamed_rows", dict(threads=128, row_groups=SMS + 1)),
+      "h100": ("register_rows", dict(threads=256, row_groups=SMS + 1))}),
 ]
 
 
@@ -350,6 +373,7 @@ def test_every_kind_is_reached():
         ("rms_norm_quant", "cluster_rows"),
         ("rms_norm_fused_backward", "empty"), ("rms_norm_fused_backward", "register_rows"),
         ("rms_norm_fused_backward", "cluster_rows"), ("rms_norm_fused_backward", "cta_rows"),
+        ("rms_norm_fused_backward", "streamed_rows"),
     }
 
 

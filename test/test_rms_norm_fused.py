@@ -8,6 +8,7 @@ from expecttest import TestCase
 import baracuda_ops
 from conftest import CUDA_OK
 from helpers import FLOAT_DTYPES, assert_close, poison, random
+from launch_configs import device_has_recorded_facts, launch_config, recorded_facts_name
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -210,17 +211,55 @@ def test_cluster_rows_each_output_alone(device, dtype, mask):
             assert a is None
 
 
-@pytest.mark.parametrize("n,kind,params", [
-    (4096, "register_rows", "threads=256,group=256,cluster=1,vpt=2,ctas_per_sm=1"),
-    (8192, "register_rows", "threads=512,group=512,cluster=1,vpt=2,ctas_per_sm=2"),
-    (16384, "register_rows", "threads=512,group=512,cluster=1,vpt=4,ctas_per_sm=1"),
-    (32768, "cluster_rows", "threads=512,group=512,cluster=4,vpt=2,ctas_per_sm=2"),
-    (65536, "cluster_rows", "threads=512,group=512,cluster=8,vpt=2,ctas_per_sm=2")])
-@pytest.mark.skipif(not CUDA_OK, reason="the register-row kernels are CUDA's")
-def test_backward_variant_of_register_rows(n, kind, params):
+# Rows streamed through shared memory on CUDA (an H200's bandwidth; register rows elsewhere): 64 to 256
+# threads x 4 vectors, 3 rows staged (2 at N = 8192), a row whose last chunk is partial (2560), and more
+# rows than the grid's CTAs times their stages, so that every stage is refilled.
+STREAMED_CASES = [(2500, 2048), (1300, 2560), (1300, 4096), (600, 8192)]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_streamed_rows_match_float64(device, dtype, casting):
+    if device.type != "cuda":
+        pytest.skip("the streamed rows are a CUDA kernel (CPU rows: LONG_CASES)")
+    for (m, n), wdt, residual in itertools.product(STREAMED_CASES, (dtype, torch.float32), (None, dtype)):
+        _check_backward((m, n), (n,), (n,), dtype, wdt, residual, casting, device)
+
+
+@pytest.mark.parametrize("dres", [False, True])
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False),
+                                  (False, False, True), (True, True, False)])
+def test_streamed_rows_each_output_alone(device, dres, mask):
+    if device.type != "cuda":
+        pytest.skip("the streamed rows are a CUDA kernel")
+    shape, ns = (1300, 4096), (4096,)
+    g, h, w = (random(shape, torch.bfloat16, device), random(shape, torch.bfloat16, device),
+               random(ns, torch.bfloat16, device))
+    gh = random(shape, torch.bfloat16, device) if dres else None
+    rstd = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    args = (g, gh, h, list(ns), rstd, w, 0.25, "torch", torch.bfloat16)
+    whole = torch.ops.baracuda.rms_norm_fused_backward(*args, [True, True, True])
+    alone = torch.ops.baracuda.rms_norm_fused_backward(*args, list(mask))
+    for a, b, wanted in zip(alone, whole, mask, strict=True):
+        if wanted:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        else:
+            assert a is None
+
+
+@pytest.mark.parametrize("n", [2048, 4096, 8192, 16384, 32768, 65536])
+@pytest.mark.skipif(not CUDA_OK, reason="the row kernels are CUDA's")
+def test_backward_variant_is_the_launch_config(n):
+    # The Plan's variant is the policy's config on this device (streamed rows on an H200, register
+    # rows on an H100 at N = 2048 ... 8192); its row groups follow the compiled kernel's occupancy.
+    device = torch.device("cuda")
+    if not device_has_recorded_facts(device):
+        pytest.skip("the recorded facts are an H100's and an H200's")
+    want = launch_config("rms_norm_fused_backward", [4096, n, 1, 2], torch.bfloat16, recorded_facts_name(device))
     desc = baracuda_ops.RMSNormFusedBackwardDescriptor((4096, n), (n,), torch.bfloat16, weight_dtype=torch.bfloat16,
-                                                       device=torch.device("cuda"))
-    assert baracuda_ops.RMSNormFusedBackwardPlan.select(desc).sku().variant.startswith(f"{kind}<{params},row_groups=")
+                                                       device=device)
+    variant = baracuda_ops.RMSNormFusedBackwardPlan.select(desc).sku().variant
+    assert variant.split(",row_groups=")[0] == want.describe().split(",row_groups=")[0]
 
 
 @pytest.mark.parametrize("casting", ["torch", "llama"])

@@ -197,18 +197,6 @@ void rms_norm_fused_out_cpu(const at::Tensor& input, const std::optional<at::Ten
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cpu(
-    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
-    c10::string_view casting_name) {
-  const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
-  auto [output, residual_out, rstd] = empty_rms_norm_fused_outputs(input, residual, normalized_shape, weight, casting);
-  rms_norm_fused_out_cpu(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
-                         residual_out, rstd);
-  return {output, residual_out, rstd};
-}
-
 void rms_norm_quant_out_cpu(const at::Tensor& input, const std::optional<at::Tensor>& residual,
                             at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                             std::optional<double> eps, double weight_offset, c10::string_view casting_name,
@@ -241,18 +229,6 @@ void rms_norm_quant_out_cpu(const at::Tensor& input, const std::optional<at::Ten
                                      static_cast<acc_t>(e), static_cast<acc_t>(weight_offset),
                                      casting == Casting::kLlama);
   });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cpu(
-    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
-    c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
-  parse_casting(kRmsNormQuantOp, casting_name);
-  check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
-  auto [output, residual_out, scale_out] = empty_rms_norm_quant_outputs(input, residual, normalized_shape, scale);
-  rms_norm_quant_out_cpu(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
-                         residual_out, scale_out);
-  return {output, residual_out, scale_out};
 }
 
 void rms_norm_fused_backward_out_cpu(const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out,
@@ -295,24 +271,8 @@ void rms_norm_fused_backward_out_cpu(const at::Tensor& grad_out, const std::opti
   });
 }
 
-// Outputs that output_mask leaves out (and grad_weight without a weight) are
-// undefined tensors (None in Python), as aten::_fused_rms_norm_backward returns.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cpu(
-    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out, const at::Tensor& h,
-    at::IntArrayRef normalized_shape, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    double weight_offset, c10::string_view casting_name, at::ScalarType input_dtype, std::array<bool, 3> output_mask) {
-  const Casting casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
-  check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
-                                casting, input_dtype);
-  auto [grad_input, grad_residual, grad_weight] = empty_rms_norm_fused_grads(h, weight, input_dtype, output_mask);
-  const auto none = at::empty({0}, h.options());
-  rms_norm_fused_backward_out_cpu(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
-                                  casting_name, input_dtype, output_mask, grad_input.defined() ? grad_input : none,
-                                  grad_residual.defined() ? grad_residual : none,
-                                  grad_weight.defined() ? grad_weight : none,
-                                  at::empty({0}, h.options().dtype(at::kByte)));
-  return {grad_input, grad_residual, grad_weight};
-}
+// The CPU kernel keeps its few dW partials itself: no workspace.
+int64_t no_workspace(const FusedRows&, const at::Tensor&, const at::Tensor&, at::ScalarType, bool) { return 0; }
 
 // problem = [M, N, H] (forward), [M, N, H, grad_weight's element size or 0: no dW] (backward)
 KernelChoice rms_norm_fused_choice(c10::IntArrayRef, c10::ScalarType) { return {"cpu_rows", 0}; }
@@ -328,10 +288,12 @@ BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CPU, rms_n
 }  // namespace baracuda
 
 TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
-  m.impl("rms_norm_fused", &baracuda::rms_norm_fused_cpu);
+  m.impl("rms_norm_fused", &baracuda::rms_norm_fused_functional<baracuda::rms_norm_fused_out_cpu>);
   m.impl("rms_norm_fused.out", &baracuda::rms_norm_fused_out_cpu);
-  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_cpu);
+  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_functional<baracuda::rms_norm_quant_out_cpu>);
   m.impl("rms_norm_quant.out", &baracuda::rms_norm_quant_out_cpu);
-  m.impl("rms_norm_fused_backward", &baracuda::rms_norm_fused_backward_cpu);
+  m.impl("rms_norm_fused_backward",
+         &baracuda::rms_norm_fused_backward_functional<baracuda::rms_norm_fused_backward_out_cpu,
+                                                       baracuda::no_workspace>);
   m.impl("rms_norm_fused_backward.out", &baracuda::rms_norm_fused_backward_out_cpu);
 }

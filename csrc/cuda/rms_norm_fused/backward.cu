@@ -1,6 +1,7 @@
-// rms_norm_fused backward, CUDA: rows in registers (register and cluster rows), the
-// CTA-per-row kernel, and the ordered sum of the dW partial rows (see common.cuh; the
-// policy: baracuda/rms_norm_fused_policy.h).
+// rms_norm_fused backward, CUDA: rows in registers (register and cluster rows), rows
+// streamed through shared memory, the CTA-per-row kernel, and the ordered sum of the dW
+// partial rows (rms_dw_sum_kernel; see common.cuh; the policy:
+// baracuda/rms_norm_fused_policy.h).
 #include "common.cuh"
 
 namespace baracuda {
@@ -25,6 +26,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
   const RowSlot L(group, cluster);
   const int64_t N = s.N;
   const int nv = static_cast<int>(N / V);
+  cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
   const bool want_d = dx != nullptr || dr != nullptr;
   AccT dw[Vpt][V] = {};
   int parity = 0;
@@ -116,6 +118,122 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
   }
   if (cluster > 1) cluster_sync();  // no CTA leaves while another may still read its slots
 }
+// Backward of rows streamed through shared memory (kStreamedRows; sm_90): a row a CTA
+// of blockDim.x threads × kStreamVpt vectors, thread t taking vectors q = j * blockDim.x
+// + t (the register rows' map and sums: the same dx bits). The row's dy, h (and dres)
+// are brought into shared memory by bulk copies `stages` rows ahead of their use, so a
+// CTA's next rows are in flight while it sums and stores one. Per row (g = dy * wo):
+//   s = sum g * h;  d = rstd * g - h * rstd^3 * s / N (+ dres), written to dx and dr;
+//   dW: dy * x_hat summed over the CTA's rows in registers, one partial row per CTA.
+// Stage i % stages holds row i; once every thread has stored row i's d (a barrier) it
+// takes row i + stages. The weight stays in registers as loaded.
+template <typename T, typename W, typename AccT>
+__global__ void __launch_bounds__(kBwdMaxThreads, 1)
+    fused_streamed_backward_kernel(const T* __restrict__ dy, const T* __restrict__ dres, const T* __restrict__ h,
+                                   const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
+                                   T* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int stages,
+                                   AccT offset, bool llama) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int V = 16 / sizeof(T);
+  constexpr int Vpt = fused::kStreamVpt;
+  using Raw = cuda::RawVec<T, V>;
+  cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
+  extern __shared__ __align__(16) unsigned char fused_smem[];
+  __shared__ cuda::BlockSumScratch<AccT> scratch;
+  __shared__ uint64_t full[fused::kMaxStages];
+  const int group = blockDim.x;
+  const int64_t N = s.N;
+  const int nv = static_cast<int>(N / V);
+  const int streams = dres != nullptr ? 3 : 2;  // dy, h, dres
+  const uint32_t row_bytes = static_cast<uint32_t>(nv * sizeof(Raw));
+  const auto staged = [&](int64_t i, int stream) {
+    return reinterpret_cast<Raw*>(fused_smem) + ((i % stages) * streams + stream) * Vpt * group;
+  };
+  const int64_t rows = blockIdx.x < s.M ? (s.M - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const auto row_of = [&](int64_t i) { return int64_t(blockIdx.x) + i * gridDim.x; };
+  const auto fetch = [&](int64_t i) {  // thread 0: row i into its stage
+    uint64_t* bar = &full[i % stages];
+    const int64_t from = row_of(i) * N;
+    cuda::mbarrier_expect_bytes(bar, streams * row_bytes);
+    cuda::bulk_copy_to_shared(staged(i, 0), dy + from, row_bytes, bar);
+    cuda::bulk_copy_to_shared(staged(i, 1), h + from, row_bytes, bar);
+    if (dres != nullptr) cuda::bulk_copy_to_shared(staged(i, 2), dres + from, row_bytes, bar);
+  };
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < stages; ++st) cuda::mbarrier_init(&full[st], 1);
+    cuda::fence_barrier_init();
+    for (int64_t i = 0; i < stages && i < rows; ++i) fetch(i);
+  }
+  __syncthreads();
+  RawWeight<W, V> wv[Vpt];
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * group + threadIdx.x, nv);
+  const auto wo = [&](int j, int e) { return wv[j].template at<AccT>(e) + offset; };  // offset 0 without w
+  const auto mine = [&](int j) { return j * group + int(threadIdx.x) < nv; };
+  const bool want_d = dx != nullptr || dr != nullptr;
+  AccT dw[Vpt][V] = {};
+  AccT r = rows > 0 ? rstd[row_of(0)] : AccT(0);
+  AccT r_next = rows > 1 ? rstd[row_of(1)] : AccT(0);
+  for (int64_t i = 0; i < rows; ++i) {
+    const AccT r_after = i + 2 < rows ? rstd[row_of(i + 2)] : AccT(0);  // loaded two rows ahead of its use
+    cuda::mbarrier_wait(&full[i % stages], static_cast<uint32_t>((i / stages) & 1));
+    const Raw* gs = staged(i, 0) + threadIdx.x;
+    const Raw* hs = staged(i, 1) + threadIdx.x;
+    AccT part = 0;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (!mine(j)) continue;
+      const Raw gv = gs[j * group], hv = hs[j * group];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const AccT g = cuda::raw_elem<AccT, T, V>(gv, e), he = cuda::raw_elem<AccT, T, V>(hv, e);
+        part += g * wo(j, e) * he;
+        if (dw_partials != nullptr) dw[j][e] += g * fused_xhat<T>(he, r, llama);
+      }
+    }
+    const AccT k = r * r * r * cuda::block_sum_once(part, scratch) / static_cast<AccT>(N);
+    if (want_d) {
+      const int64_t row = row_of(i);
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        if (!mine(j)) continue;
+        const Raw gv = gs[j * group], hv = hs[j * group];
+        AccT d[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          d[e] = r * (cuda::raw_elem<AccT, T, V>(gv, e) * wo(j, e)) - cuda::raw_elem<AccT, T, V>(hv, e) * k;
+        }
+        if (dres != nullptr) {
+          const Raw rv = staged(i, 2)[j * group + threadIdx.x];
+#pragma unroll
+          for (int e = 0; e < V; ++e) d[e] += cuda::raw_elem<AccT, T, V>(rv, e);
+        }
+        const int64_t at = row * N + int64_t(j * group + threadIdx.x) * V;
+        if (dx != nullptr) store_row_slice<T, V>(dx + at, d);
+        if (dr != nullptr) store_row_slice<T, V>(dr + at, d);
+      }
+    }
+    // Every thread is done with row i's stage and with the block sum's scratch.
+    __syncthreads();
+    if (threadIdx.x == 0 && i + stages < rows) {
+      cuda::fence_shared_for_bulk_copy();
+      fetch(i + stages);
+    }
+    r = r_next;
+    r_next = r_after;
+  }
+  if (dw_partials != nullptr) {
+    AccT* part = dw_partials + int64_t(blockIdx.x) * N;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (mine(j)) store_row_slice<AccT, V>(part + int64_t(j * group + threadIdx.x) * V, dw[j]);
+    }
+  }
+#else
+  __trap();  // bulk copies: chosen only on sm_90 and newer
+#endif
+}
+
 template <typename T, typename R, typename W, typename OutT, typename AccT>
 __global__ void __launch_bounds__(kMaxThreads)
     fused_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
@@ -163,16 +281,19 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// dw[col] = sum over c of partials[c][col], c in order.
-template <typename W, typename AccT>
-__global__ void __launch_bounds__(kSumThreads)
-    dw_sum_kernel(const AccT* __restrict__ partials, W* __restrict__ dw, int64_t chunks, int64_t cols) {
-  const int64_t col = int64_t(blockIdx.x) * kSumThreads + threadIdx.x;
-  if (col >= cols) return;
-  AccT sum = 0;
-  for (int64_t c = 0; c < chunks; ++c) sum += partials[c * cols + col];
-  dw[col] = static_cast<W>(sum);
+// The policy's config of a backward on the current device.
+FusedLaunchConfig fused_backward_config_of(const FusedRows& rows, const at::Tensor& grad_out, const at::Tensor& h,
+                                          at::ScalarType input_dtype, bool want_dw) {
+  const bool streams_in_dtype = h.scalar_type() == input_dtype && grad_out.scalar_type() == input_dtype;
+  return fused_config(rows, input_dtype, true, want_dw, streams_in_dtype);
 }
+
+int64_t fused_backward_workspace(const FusedRows& rows, const at::Tensor& grad_out, const at::Tensor& h,
+                                 at::ScalarType input_dtype, bool want_dw) {
+  const c10::cuda::CUDAGuard guard(h.device());
+  return rows.M > 0 ? fused_backward_config_of(rows, grad_out, h, input_dtype, want_dw).workspace : 0;
+}
+
 void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out,
                                       const at::Tensor& h, at::IntArrayRef normalized_shape, const at::Tensor& rstd,
                                       const std::optional<at::Tensor>& weight, double weight_offset,
@@ -193,7 +314,7 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
     if (want_dw) grad_weight.zero_();
     return;
   }
-  const FusedLaunchConfig c = fused_config(rows, input_dtype, true, want_dw);
+  const FusedLaunchConfig c = fused_backward_config_of(rows, grad_out, h, input_dtype, want_dw);
   check_workspace(op, workspace, c.workspace, 16, h.device());
   if (want_dx) cuda::check_out_aligned(op, "grad_input", grad_input);
   if (want_dr) cuda::check_out_aligned(op, "grad_residual", grad_residual);
@@ -228,6 +349,13 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
       fused_backward_kernel<T, R, W, OutT, AccT><<<partial_rows, c.threads, 0, stream>>>(
           dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, per_cta, offset, llama);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else if (c.kind == FusedKernel::kStreamedRows) {
+      if constexpr (sizeof(T) == 2 && std::is_same_v<R, T> && std::is_same_v<OutT, T>) {
+        partial_rows = launch_register_rows(fused_streamed_backward_kernel<T, W, AccT>, c, dy_p, dres_p, h_p, rstd_p,
+                                            w_p, dx, dr, partials, rows, c.stages, offset, llama);
+      } else {
+        TORCH_CHECK(false, op, ": no streamed kernel for these dtypes");  // the policy streams 16-bit rows only
+      }
     } else {
       const bool cluster_rows = c.kind == FusedKernel::kClusterRows;
       const auto kernel =
@@ -240,33 +368,8 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
       partial_rows = launch_register_rows(kernel, c, dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group,
                                           c.cluster, offset, llama);
     }
-    if (want_dw) {
-      const int64_t cols = rows.H * rows.N;
-      dw_sum_kernel<W, AccT><<<ceil_div<int64_t>(cols, kSumThreads), kSumThreads, 0, stream>>>(
-          partials, grad_weight.mutable_data_ptr<W>(), partial_rows, cols);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    if (want_dw) launch_rms_dw_sum(partials, grad_weight.mutable_data_ptr<W>(), partial_rows, rows.H * rows.N);
   });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_cuda(
-    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out, const at::Tensor& h,
-    at::IntArrayRef normalized_shape, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    double weight_offset, c10::string_view casting_name, at::ScalarType input_dtype, std::array<bool, 3> output_mask) {
-  const Casting casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
-  const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
-                                                  weight_offset, casting, input_dtype);
-  const c10::cuda::CUDAGuard guard(h.device());
-  auto [grad_input, grad_residual, grad_weight] = empty_rms_norm_fused_grads(h, weight, input_dtype, output_mask);
-  const bool want_dw = grad_weight.defined();
-  const auto none = at::empty({0}, h.options());
-  const int64_t need = rows.M > 0 ? fused_config(rows, input_dtype, true, want_dw).workspace : 0;
-  rms_norm_fused_backward_out_cuda(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
-                                   casting_name, input_dtype, output_mask, grad_input.defined() ? grad_input : none,
-                                   grad_residual.defined() ? grad_residual : none,
-                                   grad_weight.defined() ? grad_weight : none,
-                                   at::empty({need}, h.options().dtype(at::kByte)));
-  return {grad_input, grad_residual, grad_weight};
 }
 
 // problem = [M, N, H, grad_weight's element size or 0: no dW]
@@ -280,6 +383,8 @@ BARACUDA_REGISTER_VARIANT("rms_norm_fused_backward", c10::DeviceType::CUDA, rms_
 }  // namespace baracuda
 
 TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("rms_norm_fused_backward", &baracuda::rms_norm_fused_backward_cuda);
+  m.impl("rms_norm_fused_backward",
+         &baracuda::rms_norm_fused_backward_functional<baracuda::rms_norm_fused_backward_out_cuda,
+                                                       baracuda::fused_backward_workspace>);
   m.impl("rms_norm_fused_backward.out", &baracuda::rms_norm_fused_backward_out_cuda);
 }

@@ -56,7 +56,6 @@ namespace {
 using cuda::ceil_div;
 using fused::kBwdMaxThreads;
 using fused::kMaxThreads;
-using fused::kSumThreads;
 
 // Rows in registers: this thread's row within the CTA (g), its index among the row's
 // threads (u: rank * group + its index in the CTA's group), the row's threads, and
@@ -88,16 +87,13 @@ __device__ __forceinline__ void load_weight_offset(const W* __restrict__ w, int6
   }
 }
 
-// The policy's config on the current device.
-inline FusedLaunchConfig fused_config(const FusedRows& s, c10::ScalarType dtype, bool backward, bool want_dw) {
-  FusedProblem p;
-  p.M = s.M;
-  p.N = s.N;
-  p.H = s.H;
-  p.elem = static_cast<int64_t>(c10::elementSize(dtype));
-  p.acc_bytes = dtype == at::kDouble ? 8 : 4;
-  p.backward = backward;
-  p.dw = want_dw;
+// The policy's config on the current device (streams_in_dtype: the backward's dy, h and
+// dres are of the input's dtype).
+inline FusedLaunchConfig fused_config(const FusedRows& s, c10::ScalarType dtype, bool backward, bool want_dw,
+                                      bool streams_in_dtype = true) {
+  const std::array<int64_t, 4> problem{s.M, s.N, s.H, want_dw ? 1 : 0};  // [M, N, H(, dW)]
+  FusedProblem p = fused_problem(c10::IntArrayRef(problem.data(), backward ? 4 : 3), dtype, backward);
+  p.streams_in_dtype = streams_in_dtype;
   return rms_norm_fused_launch_config(p, cuda::device_facts());
 }
 
@@ -108,14 +104,16 @@ inline KernelChoice fused_choice(c10::IntArrayRef problem, c10::ScalarType dtype
   return {describe(view), view.workspace_bytes};
 }
 
-// Launches a register-row kernel of config c: its row groups, cut to one wave of the
-// compiled kernel (its registers can hold fewer CTAs per SM than the policy's count by
-// threads; the CTAs past one wave would start only as the first finish, and their rows
-// end the launch on idle SMs). Returns the row groups launched.
+// Launches a row kernel of config c (register, cluster or streamed rows): its row groups,
+// cut to one wave of the compiled kernel (its registers can hold fewer CTAs per SM than
+// the policy's count; the CTAs past one wave would start only as the first finish, and
+// their rows end the launch on idle SMs). Returns the row groups launched.
 template <typename... KernelArgs, typename... Args>
 int64_t launch_register_rows(void (*kernel)(KernelArgs...), const FusedLaunchConfig& c, Args... args) {
-  const int64_t groups = std::min(c.ctas, cuda::resident_groups(kernel, c.threads, c.cluster, 0));
-  cuda::launch(kernel, {.grid = dim3(groups * c.cluster), .block = dim3(c.threads), .cluster = c.cluster}, args...);
+  const int64_t groups = std::min(c.ctas, cuda::resident_groups(kernel, c.threads, c.cluster, c.smem));
+  cuda::launch(kernel,
+               {.grid = dim3(groups * c.cluster), .block = dim3(c.threads), .cluster = c.cluster, .smem = c.smem},
+               args...);
   return groups;
 }
 

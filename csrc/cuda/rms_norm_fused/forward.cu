@@ -346,18 +346,6 @@ void rms_norm_fused_out_cuda(const at::Tensor& input, const std::optional<at::Te
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_cuda(
-    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
-    c10::string_view casting_name) {
-  const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
-  check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
-  auto [output, residual_out, rstd] = empty_rms_norm_fused_outputs(input, residual, normalized_shape, weight, casting);
-  rms_norm_fused_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output,
-                          residual_out, rstd);
-  return {output, residual_out, rstd};
-}
-
 void rms_norm_quant_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& residual,
                              at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps, double weight_offset, c10::string_view casting_name,
@@ -405,17 +393,6 @@ void rms_norm_quant_out_cuda(const at::Tensor& input, const std::optional<at::Te
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cuda(
-    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
-    c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
-  parse_casting(kRmsNormQuantOp, casting_name);
-  check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
-  auto [output, residual_out, scale_out] = empty_rms_norm_quant_outputs(input, residual, normalized_shape, scale);
-  rms_norm_quant_out_cuda(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output,
-                          residual_out, scale_out);
-  return {output, residual_out, scale_out};
-}
 // problem = [M, N, H]
 KernelChoice rms_norm_fused_choice(c10::IntArrayRef problem, c10::ScalarType dtype) {
   return fused_choice(problem, dtype, false);
@@ -428,8 +405,8 @@ BARACUDA_REGISTER_VARIANT("rms_norm_quant", c10::DeviceType::CUDA, rms_norm_fuse
 }  // namespace baracuda
 
 TORCH_LIBRARY_IMPL(baracuda, CUDA, m) {
-  m.impl("rms_norm_fused", &baracuda::rms_norm_fused_cuda);
+  m.impl("rms_norm_fused", &baracuda::rms_norm_fused_functional<baracuda::rms_norm_fused_out_cuda>);
   m.impl("rms_norm_fused.out", &baracuda::rms_norm_fused_out_cuda);
-  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_cuda);
+  m.impl("rms_norm_quant", &baracuda::rms_norm_quant_functional<baracuda::rms_norm_quant_out_cuda>);
   m.impl("rms_norm_quant.out", &baracuda::rms_norm_quant_out_cuda);
 }

@@ -358,4 +358,52 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> empty_rms_norm_fused_grads
   return {grad_input, grad_residual, grad_weight};
 }
 
+// The functional ops, alike on every device: the checks that size the outputs, the
+// outputs, then the device's .out op (Out) fills them.
+template <auto Out>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_functional(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+    c10::string_view casting_name) {
+  const Casting casting = parse_casting(kRmsNormFusedOp, casting_name);
+  check_rms_norm_fused(kRmsNormFusedOp, input, residual, normalized_shape, weight, weight_offset);
+  auto outputs = empty_rms_norm_fused_outputs(input, residual, normalized_shape, weight, casting);
+  const auto& [output, residual_out, rstd] = outputs;
+  Out(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, output, residual_out, rstd);
+  return outputs;
+}
+
+template <auto Out>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_functional(
+    const at::Tensor& input, const std::optional<at::Tensor>& residual, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+    c10::string_view casting_name, const std::optional<at::Tensor>& scale) {
+  parse_casting(kRmsNormQuantOp, casting_name);
+  check_rms_norm_fused(kRmsNormQuantOp, input, residual, normalized_shape, weight, weight_offset);
+  auto outputs = empty_rms_norm_quant_outputs(input, residual, normalized_shape, scale);
+  const auto& [output, residual_out, scale_out] = outputs;
+  Out(input, residual, normalized_shape, weight, eps, weight_offset, casting_name, scale, output, residual_out,
+      scale_out);
+  return outputs;
+}
+
+// WorkspaceBytes(rows, grad_out, h, input_dtype, want_dw): the bytes of workspace Out takes.
+template <auto Out, auto WorkspaceBytes>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_fused_backward_functional(
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_residual_out, const at::Tensor& h,
+    at::IntArrayRef normalized_shape, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    double weight_offset, c10::string_view casting_name, at::ScalarType input_dtype, std::array<bool, 3> output_mask) {
+  const Casting casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
+  const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
+                                                  weight_offset, casting, input_dtype);
+  auto grads = empty_rms_norm_fused_grads(h, weight, input_dtype, output_mask);
+  const auto& [grad_input, grad_residual, grad_weight] = grads;
+  const auto none = at::empty({0}, h.options());
+  const int64_t workspace = WorkspaceBytes(rows, grad_out, h, input_dtype, grad_weight.defined());
+  Out(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset, casting_name, input_dtype,
+      output_mask, grad_input.defined() ? grad_input : none, grad_residual.defined() ? grad_residual : none,
+      grad_weight.defined() ? grad_weight : none, at::empty({workspace}, h.options().dtype(at::kByte)));
+  return grads;
+}
+
 }  // namespace baracuda

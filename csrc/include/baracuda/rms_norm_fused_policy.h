@@ -18,6 +18,10 @@
 //                  row a cluster of 512-thread CTAs, whose sums meet in distributed
 //                  shared memory; in the backward each CTA keeps its columns' dW sums
 //                  in registers;
+//   kStreamedRows  backward rows of one CTA of a 16-bit input whose dy, h and dres are
+//                  of its dtype, past the decode rows, on H200-class bandwidth (sm_90):
+//                  4 vectors a thread, dy, h and dres staged by bulk copies in 2 or 3
+//                  rows of shared memory ahead of their use;
 //   kCtaRows       everything else (rows not of whole vectors, the dW of a per-head
 //                  weight, rows too long for a cluster): a CTA a row, two passes.
 // Backward dW (deterministic, no atomics): each row group (CTA or cluster) writes a
@@ -47,7 +51,11 @@ constexpr int kBwdMaxThreads = 512;     // backward rows: dy, h and the dW sums 
 constexpr int kRowsBlock = 256;         // CTA size when several short rows share a CTA
 constexpr int kDecodeMaxThreads = 256;  // decode rows: threads a row, at most
 constexpr int kMaxCluster = 8;          // portable thread-block cluster size
-constexpr int kSumThreads = 256;        // the dW partials' ordered sum: one column per thread
+constexpr int kStreamVpt = 4;           // streamed backward rows: vectors a thread
+constexpr int kStreams = 3;             // streamed backward rows: dy, h and dres staged
+constexpr int kMaxStages = 3;           // streamed backward rows: rows staged, at most
+constexpr int64_t kCtaSmemReserve = 2048;  // a CTA's shared memory beside its stages: the
+                                           // runtime's 1 KB, block-sum scratch, mbarriers
 
 using rms::ceil_div;
 using rms::pow2_ceil;
@@ -60,9 +68,10 @@ struct FusedProblem {
   int64_t acc_bytes = 4;        // float32 sums (float64 for a float64 input)
   bool backward = false;
   bool dw = false;              // backward: grad_weight is computed
+  bool streams_in_dtype = true; // backward: dy, h and dres of the input's dtype
 };
 
-enum class FusedKernel { kEmpty, kRegisterRows, kDecodeRows, kClusterRows, kCtaRows };
+enum class FusedKernel { kEmpty, kRegisterRows, kDecodeRows, kClusterRows, kStreamedRows, kCtaRows };
 
 struct FusedLaunchConfig {
   FusedKernel kind = FusedKernel::kEmpty;  // M == 0 or N == 0: no kernel runs
@@ -71,12 +80,14 @@ struct FusedLaunchConfig {
   int cluster = 1;      // CTAs of a row
   int vpt = 0;          // register kinds: vectors a thread holds
   int min_ctas = 1;     // backward rows: CTAs per SM the kernel's registers are capped for
+  int stages = 0;       // kStreamedRows: rows of dy, h and dres staged in shared memory
+  int64_t smem = 0;     // kStreamedRows: their dynamic shared-memory bytes per CTA
   int64_t ctas = 0;     // row groups (CTAs, or clusters) launched at most; backward: dW partial rows
   int64_t workspace = 0;  // backward: bytes of the dW partial rows
 
   bool register_kind() const {
     return kind == FusedKernel::kRegisterRows || kind == FusedKernel::kDecodeRows ||
-           kind == FusedKernel::kClusterRows;
+           kind == FusedKernel::kClusterRows || kind == FusedKernel::kStreamedRows;
   }
 };
 
@@ -171,6 +182,12 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
 // 0.22–0.38. The dW of a per-head weight, and rows not of whole vectors: the CTA-per-row kernel.
 // Row groups: at most half the CTAs the device holds by threads (a wave of the compiled
 // kernel, which the launcher takes), and as many dW partial rows.
+// Streamed rows: a register row's next loads wait for the row's stores; on a device of an
+// H200's bandwidth that leaves too few bytes in flight (0.82-0.88 of copy at N = 2048 ...
+// 8192 bf16). 16-bit rows of 64 to 512 threads × 4 vectors (N = 2048 ... 16384) with more
+// rows than SMs instead stage dy, h and dres (sized for all three) by bulk copies, as many
+// rows ahead (2 or 3) as leave two CTAs an SM; N = 16384 fits one stage and stays in
+// registers. As many CTAs as shared memory holds, a dW partial row each.
 inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const DeviceFacts& f) {
   using namespace fused;
   FusedLaunchConfig c;
@@ -194,6 +211,25 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
         c.min_ctas = v == 2 ? 2 : 1;
         break;
       }
+    }
+  }
+  if (c.kind == FusedKernel::kRegisterRows && p.elem == 2 && p.streams_in_dtype && p.M > f.num_sms &&
+      f.clusters() && f.dram_bytes_per_s >= rms::kStreamedRowsMinBandwidth) {
+    const int sgroup = pow2_ceil(ceil_div<int64_t>(nv, kStreamVpt));
+    const int64_t stage = int64_t(kStreams) * kStreamVpt * sgroup * 16;
+    const int64_t stages = std::min<int64_t>(kMaxStages, (f.smem_per_sm / 2 - kCtaSmemReserve) / stage);
+    if (sgroup >= 64 && sgroup <= kBwdMaxThreads && stages >= 2) {
+      c.kind = FusedKernel::kStreamedRows;
+      c.group = c.threads = sgroup;
+      c.vpt = kStreamVpt;
+      c.min_ctas = 1;
+      c.stages = static_cast<int>(stages);
+      c.smem = stages * stage;
+      const int64_t per_sm =
+          std::min<int64_t>(f.smem_per_sm / (c.smem + kCtaSmemReserve), f.max_threads_per_sm / c.threads);
+      c.ctas = std::max<int64_t>(1, std::min(p.M, per_sm * f.num_sms));
+      c.workspace = p.dw ? c.ctas * p.N * p.acc_bytes : 0;
+      return c;
     }
   }
   if (c.kind == FusedKernel::kEmpty) {
@@ -245,6 +281,7 @@ inline const char* fused_kernel_name(FusedKernel k) {
     case FusedKernel::kRegisterRows: return "register_rows";
     case FusedKernel::kDecodeRows: return "decode_rows";
     case FusedKernel::kClusterRows: return "cluster_rows";
+    case FusedKernel::kStreamedRows: return "streamed_rows";
     case FusedKernel::kCtaRows: return "cta_rows";
   }
   return "?";
@@ -253,8 +290,9 @@ inline const char* fused_kernel_name(FusedKernel k) {
 inline LaunchConfigView fused_view(const FusedLaunchConfig& c) {
   LaunchConfigView v;
   v.kind = fused_kernel_name(c.kind);
-  v.params = {{"threads", c.threads}, {"group", c.group},       {"cluster", c.cluster},
-              {"vpt", c.vpt},         {"ctas_per_sm", c.min_ctas}, {"row_groups", c.ctas}};
+  v.params = {{"threads", c.threads}, {"group", c.group},         {"cluster", c.cluster},
+              {"vpt", c.vpt},         {"ctas_per_sm", c.min_ctas}, {"stages", c.stages},
+              {"smem", c.smem},       {"row_groups", c.ctas}};
   v.workspace_bytes = c.workspace;
   return v;
 }
