@@ -274,6 +274,8 @@ CASES = [
     ("rms_norm_fused_backward", [64, 4096, 4, 2], BF16, "cta_rows", dict(threads=1024, row_groups=16),
      16 * 4 * 4096 * 4),
     ("rms_norm_fused_backward", [64, 4096, 4, 0], BF16, "register_rows", dict(threads=256, vpt=2), 0),
+    # a per-head weight without its dW: register rows on either device (the streamed kernel holds one weight row)
+    ("rms_norm_fused_backward", [4096, 4096, 4, 0], BF16, "register_rows", dict(threads=256, vpt=2, stages=0), 0),
 ]
 
 def _id(case):

@@ -263,11 +263,14 @@ def test_backward_variant_is_the_launch_config(n):
 
 
 @pytest.mark.parametrize("casting", ["torch", "llama"])
-def test_per_head_weight_without_its_gradient(device, casting):
-    # on CUDA the backward then holds rows in registers (the dW of a per-head weight takes the CTA-per-row kernel)
-    x, r = random((6, 4, 64), torch.bfloat16, device, requires_grad=True), random((6, 4, 64), torch.bfloat16, device)
-    w = random((4, 64), torch.bfloat16, device)
-    y, _, _ = torch.ops.baracuda.rms_norm_fused(x, r, [64], w, None, 0.5, casting)
+@pytest.mark.parametrize("shape", [(6, 4, 64), (400, 4, 2048)])
+def test_per_head_weight_without_its_gradient(device, casting, shape):
+    # on CUDA the backward then holds rows in registers (the dW of a per-head weight takes the CTA-per-row
+    # kernel), also at 1600 rows of 2048, which with one weight row would be streamed on an H200
+    x, r = random(shape, torch.bfloat16, device, requires_grad=True), random(shape, torch.bfloat16, device)
+    n = shape[-1]
+    w = random(shape[-2:], torch.bfloat16, device)
+    y, _, _ = torch.ops.baracuda.rms_norm_fused(x, r, [n], w, None, 0.5, casting)
     gy = random(y.shape, y.dtype, device)
     (dx,) = torch.autograd.grad(y, x, gy)
     x64 = x.detach().double().requires_grad_()

@@ -19,9 +19,10 @@
 //                  shared memory; in the backward each CTA keeps its columns' dW sums
 //                  in registers;
 //   kStreamedRows  backward rows of one CTA of a 16-bit input whose dy, h and dres are
-//                  of its dtype, past the decode rows, on H200-class bandwidth (sm_90):
-//                  4 vectors a thread, dy, h and dres staged by bulk copies in 2 or 3
-//                  rows of shared memory ahead of their use;
+//                  of its dtype, one weight row (a thread holds its weight vectors for all
+//                  its rows), past the decode rows, on H200-class bandwidth (sm_90): 4
+//                  vectors a thread, dy, h and dres staged by bulk copies in 2 or 3 rows
+//                  of shared memory ahead of their use;
 //   kCtaRows       everything else (rows not of whole vectors, the dW of a per-head
 //                  weight, rows too long for a cluster): a CTA a row, two passes.
 // Backward dW (deterministic, no atomics): each row group (CTA or cluster) writes a
@@ -213,7 +214,7 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
       }
     }
   }
-  if (c.kind == FusedKernel::kRegisterRows && p.elem == 2 && p.streams_in_dtype && p.M > f.num_sms &&
+  if (c.kind == FusedKernel::kRegisterRows && p.elem == 2 && p.H == 1 && p.streams_in_dtype && p.M > f.num_sms &&
       f.clusters() && f.dram_bytes_per_s >= rms::kStreamedRowsMinBandwidth) {
     const int sgroup = pow2_ceil(ceil_div<int64_t>(nv, kStreamVpt));
     const int64_t stage = int64_t(kStreams) * kStreamVpt * sgroup * 16;
