@@ -329,6 +329,9 @@ BANDWIDTH_CASES = [
     ("rms_norm_fused_backward", [16384, 8192, 1, 2], BF16,
      {"h200": ("streamed_rows", dict(threads=256, vpt=4, stages=2, smem=2 * 3 * 4 * 256 * 16, row_groups=2 * SMS)),
       "h100": ("register_rows", dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS))}),
+    ("rms_norm_fused_backward", [4096, 4096, 1, 2, 0], BF16,  # grad_out or h not bfloat16: register rows
+     {"h200": ("register_rows", dict(threads=256, vpt=2, stages=0, row_groups=4 * SMS)),
+      "h100": ("register_rows", dict(threads=256, vpt=2, stages=0, row_groups=4 * SMS))}),
     ("rms_norm_fused_backward", [SMS + 1, 4096, 1, 4], BF16,
      {"h200": ("streamed_rows", dict(threads=128, row_groups=SMS + 1)),
       "h100": ("register_rows", dict(threads=256, row_groups=SMS + 1))}),
@@ -401,6 +404,8 @@ def test_describe_is_kind_and_params_in_order():
     ("rms_norm_backward", [4, 8], "baracuda::rms_norm_backward: malformed problem [4, 8]"),
     ("rms_norm_fused", [4, 8], "baracuda::rms_norm_fused: malformed problem [4, 8]"),
     ("rms_norm_fused_backward", [4, 8, 0, 2], "baracuda::rms_norm_fused_backward: malformed problem [4, 8, 0, 2]"),
+    ("rms_norm_fused_backward", [4, 8, 1, 2, 2],
+     "baracuda::rms_norm_fused_backward: malformed problem [4, 8, 1, 2, 2]"),
 ])
 def test_malformed_problems_are_value_errors(op, problem, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -442,6 +442,34 @@ def test_plans_write_every_element(device, dtype, wdt):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("residual_dtype", [torch.bfloat16, torch.float32])
+def test_backward_plan_workspace_fits_its_kernel(device, residual_dtype):
+    # The Plan's problem says whether h and grad_out are of the input's dtype: on an H200 a bfloat16 stream is
+    # streamed, a float32 one takes register rows, whose dW partial rows are more; the Plan's workspace must be
+    # the one of the kernel that runs.
+    shape, ns = (1600, 2048), (2048,)
+    bdesc = baracuda_ops.RMSNormFusedBackwardDescriptor(
+        shape, ns, torch.bfloat16, residual_dtype=residual_dtype, device=device, output_mask=(True, True, True),
+        has_grad_residual_out=True)
+    bplan = baracuda_ops.RMSNormFusedBackwardPlan.select(bdesc)
+    if device.type == "cuda" and device_has_recorded_facts(device):
+        want = launch_config("rms_norm_fused_backward", [1600, 2048, 1, 2, int(residual_dtype == torch.bfloat16)],
+                             torch.bfloat16, recorded_facts_name(device))
+        assert bplan.sku().variant.split(",row_groups=")[0] == want.describe().split(",row_groups=")[0]
+    g, gh = random(shape, torch.bfloat16, device), random(shape, residual_dtype, device)
+    h, w = random(shape, residual_dtype, device), random(ns, torch.bfloat16, device)
+    rstd = torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    bargs = baracuda_ops.RMSNormFusedBackwardArgs(
+        g, gh, h, rstd, w, poison(torch.empty(shape, dtype=torch.bfloat16, device=device)),
+        poison(torch.empty(shape, dtype=residual_dtype, device=device)),
+        poison(torch.empty(ns, dtype=torch.bfloat16, device=device)))
+    bplan.run(bargs, baracuda_ops.Workspace.allocate(bplan.workspace_size(), device))
+    want = torch.ops.baracuda.rms_norm_fused_backward(g, gh, h, list(ns), rstd, w, 0.0, "torch", torch.bfloat16,
+                                                      [True, True, True])
+    for a, b in zip((bargs.grad_input, bargs.grad_residual, bargs.grad_weight), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_plan_errors(device):
     desc = baracuda_ops.RMSNormFusedDescriptor((4, 8), (8,), torch.float32, casting="fp4", device=device)
     with pytest.raises(baracuda_ops.InvalidProblemError, match='casting must be "torch", "llama" or "gemma"'):

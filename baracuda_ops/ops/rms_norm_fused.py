@@ -424,8 +424,8 @@ def _rms_norm_fused_backward_vmap(info, in_dims, grad_out, grad_residual_out, h,
 # --------------------------------------------------------------------------- Plan API
 #
 # problem encoding (for the kernel choice): forward [M, N, H], backward [M, N, H, grad_weight's
-# element size, 0 when it computes no grad_weight]: M rows of N = prod(normalized_shape), H weight
-# rows (1 unless the weight is per head).
+# element size, 0 when it computes no grad_weight; 1 when grad_out and h are of the input's dtype,
+# else 0]: M rows of N = prod(normalized_shape), H weight rows (1 unless the weight is per head).
 
 
 def _problem(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int],
@@ -640,7 +640,8 @@ class RMSNormFusedBackwardPlan(Plan):
                pref: PlanPreference = PlanPreference()) -> "RMSNormFusedBackwardPlan":
         problem = _select_problem(cls.op, desc)
         dw_elem = desc.resolved_weight_dtype.itemsize if desc.computes_grad_weight else 0
-        return cls(desc, pref, problem + [dw_elem])
+        streams_in_dtype = desc.h_dtype == desc.dtype and desc.output_dtype == desc.dtype
+        return cls(desc, pref, problem + [dw_elem, int(streams_in_dtype)])
 
     def can_implement(self, args: RMSNormFusedBackwardArgs) -> None:
         d = self.desc

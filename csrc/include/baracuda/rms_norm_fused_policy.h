@@ -251,13 +251,16 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
   return c;
 }
 
-// problem = [M, N, H] (forward), [M, N, H, grad_weight's element size or 0: no dW] (backward).
+// problem = [M, N, H] (forward), [M, N, H, grad_weight's element size or 0: no dW] (backward),
+// and optionally (backward) a fifth entry: 1 when grad_out, h and grad_residual_out are of the
+// input's dtype (the default), 0 when not (then no streamed rows).
 inline FusedProblem fused_problem(c10::IntArrayRef problem, c10::ScalarType dtype, bool backward) {
   const char* op = backward ? "baracuda::rms_norm_fused_backward" : "baracuda::rms_norm_fused";
-  BARACUDA_CHECK_VALUE(problem.size() == (backward ? 4u : 3u) && problem[0] >= 0 && problem[1] >= 0 &&
-                           problem[2] >= 1,
+  const bool sized = backward ? problem.size() == 4u || problem.size() == 5u : problem.size() == 3u;
+  BARACUDA_CHECK_VALUE(sized && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 1 &&
+                           (problem.size() < 5u || problem[4] == 0 || problem[4] == 1),
                        op, ": malformed problem ", problem, ", expected [M, N, H",
-                       backward ? ", dW element size]" : "]");
+                       backward ? ", dW element size(, streams in the input's dtype: 0 or 1)]" : "]");
   BARACUDA_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16 || dtype == c10::kFloat ||
                            dtype == c10::kDouble,
                        op, ": dtype must be float16, bfloat16, float32 or float64, got ", dtype);
@@ -269,6 +272,7 @@ inline FusedProblem fused_problem(c10::IntArrayRef problem, c10::ScalarType dtyp
   p.acc_bytes = dtype == c10::kDouble ? 8 : 4;
   p.backward = backward;
   p.dw = backward && problem[3] > 0;
+  p.streams_in_dtype = problem.size() < 5u || problem[4] == 1;
   return p;
 }
 
