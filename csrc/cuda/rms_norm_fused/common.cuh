@@ -16,9 +16,10 @@
 //   Backward: dy, h (and dres) in registers; dx = rstd * g - h * k (+ dres), g = dy * wo,
 //   k = rstd^3 * sum(g * h) / N. A thread's dW columns are the same for every row it
 //   visits: it sums dy * x_hat over its rows in registers; the CTA's sub-warps add
-//   theirs into the row group's partial row in order, and dw_sum_kernel adds the
+//   theirs into the row group's partial row in order, and rms_dw_sum_kernel adds the
 //   row groups' partials in order. H > 1 (a per-head weight) with dW takes the
-//   CTA-per-row kernel.
+//   CTA-per-row kernel. Streamed rows (backward.cu) are the same rows with dy, h and
+//   dres staged in shared memory by bulk copies, rows ahead.
 //   Floors: forward reads x, r, writes y, h (+ rstd); backward reads dy, h (+ dres),
 //   writes dx (+ dr), plus row-group * N dW partials written and read once.
 // CTA per row (the general kernels: rows of any length and alignment, per-head dW):
