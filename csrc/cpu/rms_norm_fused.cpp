@@ -238,24 +238,16 @@ void rms_norm_fused_backward_out_cpu(const at::Tensor& grad_out, const std::opti
                                      std::array<bool, 3> output_mask, const at::Tensor& grad_input,
                                      const at::Tensor& grad_residual, const at::Tensor& grad_weight,
                                      const at::Tensor& workspace) {
-  const Casting casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
-  const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
-                                                  weight_offset, casting, input_dtype);
-  const bool want_dx = output_mask[0], want_dr = output_mask[1];
-  const bool want_dw = output_mask[2] && has_tensor(weight);
-  check_fused_backward_outputs(h, weight, input_dtype, output_mask, grad_input, grad_residual, grad_weight);
+  const auto q = fused_backward_request(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
+                                        casting_name, input_dtype, output_mask, grad_input, grad_residual, grad_weight);
   (void)workspace;  // the CPU kernel keeps its few partials itself
-  if (rows.N == 0 || (!want_dx && !want_dr && !want_dw)) return;
-  if (rows.M == 0) {
-    if (want_dw) grad_weight.zero_();
-    return;
-  }
+  if (!q.run) return;
   const auto dy = grad_out.contiguous();
   const auto dres = has_tensor(grad_residual_out) ? grad_residual_out->contiguous() : at::Tensor();
   const auto hc = h.contiguous();
   const auto r = rstd.contiguous();
   const auto w = has_tensor(weight) ? weight->contiguous() : at::Tensor();
-  const bool llama = casting == Casting::kLlama;
+  const bool llama = q.casting == Casting::kLlama;
   dispatch_fused_types(input_dtype, h.scalar_type() != input_dtype, w.defined() && w.scalar_type() != input_dtype,
                        grad_out.scalar_type() != input_dtype, [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
     using T = decltype(t);
@@ -266,8 +258,8 @@ void rms_norm_fused_backward_out_cpu(const at::Tensor& grad_out, const std::opti
     backward_rows<T, R, W, OutT, acc_t>(
         dy.const_data_ptr<OutT>(), dres.defined() ? dres.const_data_ptr<R>() : nullptr, hc.const_data_ptr<R>(),
         r.const_data_ptr<acc_t>(), w.defined() ? w.const_data_ptr<W>() : nullptr,
-        want_dx ? grad_input.mutable_data_ptr<T>() : nullptr, want_dr ? grad_residual.mutable_data_ptr<R>() : nullptr,
-        want_dw ? grad_weight.mutable_data_ptr<W>() : nullptr, rows, static_cast<acc_t>(weight_offset), llama);
+        q.dx ? grad_input.mutable_data_ptr<T>() : nullptr, q.dr ? grad_residual.mutable_data_ptr<R>() : nullptr,
+        q.dw ? grad_weight.mutable_data_ptr<W>() : nullptr, q.rows, static_cast<acc_t>(weight_offset), llama);
   });
 }
 

@@ -302,18 +302,12 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
                                       const at::Tensor& grad_residual, const at::Tensor& grad_weight,
                                       const at::Tensor& workspace) {
   const char* op = kRmsNormFusedBackwardOp;
-  const Casting casting = parse_casting(op, casting_name);
-  const auto rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
-                                                  weight_offset, casting, input_dtype);
-  const bool want_dx = output_mask[0], want_dr = output_mask[1];
-  const bool want_dw = output_mask[2] && has_tensor(weight);
-  check_fused_backward_outputs(h, weight, input_dtype, output_mask, grad_input, grad_residual, grad_weight);
-  if (rows.N == 0 || (!want_dx && !want_dr && !want_dw)) return;
+  const auto q = fused_backward_request(grad_out, grad_residual_out, h, normalized_shape, rstd, weight, weight_offset,
+                                        casting_name, input_dtype, output_mask, grad_input, grad_residual, grad_weight);
+  if (!q.run) return;
+  const FusedRows& rows = q.rows;
+  const bool want_dx = q.dx, want_dr = q.dr, want_dw = q.dw;
   const c10::cuda::CUDAGuard guard(h.device());
-  if (rows.M == 0) {
-    if (want_dw) grad_weight.zero_();
-    return;
-  }
   const FusedLaunchConfig c = fused_backward_config_of(rows, grad_out, h, input_dtype, want_dw);
   check_workspace(op, workspace, c.workspace, 16, h.device());
   if (want_dx) cuda::check_out_aligned(op, "grad_input", grad_input);
@@ -340,7 +334,7 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
     R* dr = want_dr ? grad_residual.mutable_data_ptr<R>() : nullptr;
     AccT* partials = want_dw ? static_cast<AccT*>(workspace.mutable_data_ptr()) : nullptr;
     const auto offset = static_cast<AccT>(weight_offset);
-    const bool llama = casting == Casting::kLlama;
+    const bool llama = q.casting == Casting::kLlama;
     int64_t partial_rows = c.ctas;
     if (!c.register_kind()) {
       const int64_t periods = rows.M / rows.H;

@@ -82,6 +82,11 @@ __device__ __forceinline__ cuda::RawVec<R, V> raw_of(const AccT (&v)[V]) {
 // The forward's pointers (rms_norm_fused: y and rstd; rms_norm_quant: q and a static scale or row_scale).
 template <typename T, typename R, typename W, typename OutT, typename AccT>
 struct FusedForwardArgs {
+  using Input = T;
+  using Residual = R;
+  using Weight = W;
+  using Out = OutT;
+  using Acc = AccT;
   const T* x;
   const R* res;  // nullptr: no residual (then R == T and h = x)
   const W* w;    // nullptr: no weight
@@ -304,6 +309,40 @@ struct FusedForwardInputs {
         w(has_tensor(weight) ? cuda::aligned_contiguous(*weight) : at::Tensor()) {}
 };
 
+// The part of rms_norm_fused and rms_norm_quant that is the same once their arguments are
+// checked: on input's device, calls fn(a, c) under the dispatch of the four dtypes (output:
+// out_dtype), with c the launch config and a the inputs' pointers (h_out: residual_out's,
+// with a residual) and the row constants, its outputs null.
+template <typename Fn>
+void dispatch_fused_forward(const at::Tensor& input, const std::optional<at::Tensor>& residual,
+                            const std::optional<at::Tensor>& weight, std::optional<double> eps, double weight_offset,
+                            Casting casting, const FusedRows& rows, c10::ScalarType out_dtype,
+                            const at::Tensor& residual_out, Fn&& fn) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const FusedForwardInputs in(input, residual, weight);
+  const auto dtype = input.scalar_type();
+  const double e = eps.value_or(rms_default_eps(dtype));
+  const FusedLaunchConfig c = fused_config(rows, dtype, false, false);
+  dispatch_fused_types(dtype, in.r.defined() && in.r.scalar_type() != dtype,
+                       in.w.defined() && in.w.scalar_type() != dtype, out_dtype != dtype,
+                       [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
+    using T = decltype(t);
+    using R = decltype(r_tag);
+    using W = decltype(w_tag);
+    using AccT = at::opmath_type<T>;
+    FusedForwardArgs<T, R, W, decltype(o_tag), AccT> a{};
+    a.x = in.x.const_data_ptr<T>();
+    a.res = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
+    a.w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
+    a.h_out = a.res != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
+    a.s = rows;
+    a.eps = static_cast<AccT>(e);
+    a.offset = static_cast<AccT>(weight_offset);
+    a.llama = casting == Casting::kLlama;
+    fn(a, c);
+  });
+}
+
 void rms_norm_fused_out_cuda(const at::Tensor& input, const std::optional<at::Tensor>& residual,
                              at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps, double weight_offset, c10::string_view casting_name,
@@ -315,33 +354,18 @@ void rms_norm_fused_out_cuda(const at::Tensor& input, const std::optional<at::Te
   cuda::check_out_aligned(op, "output", output);
   if (has_tensor(residual)) cuda::check_out_aligned(op, "residual_out", residual_out);
   if (rows.M == 0) return;
-  const c10::cuda::CUDAGuard guard(input.device());
-  const FusedForwardInputs in(input, residual, weight);
-  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
-  const FusedLaunchConfig c = fused_config(rows, input.scalar_type(), false, false);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_fused_types(input.scalar_type(), in.r.defined() && in.r.scalar_type() != input.scalar_type(),
-                       in.w.defined() && in.w.scalar_type() != input.scalar_type(),
-                       output.scalar_type() != input.scalar_type(), [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
-    using T = decltype(t);
-    using R = decltype(r_tag);
-    using W = decltype(w_tag);
-    using OutT = decltype(o_tag);
-    using AccT = at::opmath_type<T>;
-    const T* x = in.x.const_data_ptr<T>();
-    const R* r = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
-    const W* w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
-    R* h_out = r != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
-    const auto e_acc = static_cast<AccT>(e), offset = static_cast<AccT>(weight_offset);
-    const bool llama = casting == Casting::kLlama;
+  dispatch_fused_forward(input, residual, weight, eps, weight_offset, casting, rows, output.scalar_type(), residual_out,
+                         [&](auto a, const FusedLaunchConfig& c) {
+    using Args = decltype(a);
+    a.y = output.mutable_data_ptr<typename Args::Out>();
+    a.rstd = rstd.mutable_data_ptr<typename Args::Acc>();
     if (!c.register_kind()) {
-      fused_forward_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(
-          x, r, w, output.mutable_data_ptr<OutT>(), h_out, rstd.mutable_data_ptr<AccT>(), rows, e_acc, offset, llama);
+      fused_forward_kernel<typename Args::Input, typename Args::Residual, typename Args::Weight, typename Args::Out,
+                           typename Args::Acc><<<c.ctas, c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          a.x, a.res, a.w, a.y, a.h_out, a.rstd, a.s, a.eps, a.offset, a.llama);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      launch_rows_forward<false>(c, FusedForwardArgs<T, R, W, OutT, AccT>{
-          x, r, w, h_out, output.mutable_data_ptr<OutT>(), rstd.mutable_data_ptr<AccT>(), nullptr, nullptr, nullptr,
-          rows, e_acc, offset, llama});
+      launch_rows_forward<false>(c, a);
     }
   });
 }
@@ -359,36 +383,20 @@ void rms_norm_quant_out_cuda(const at::Tensor& input, const std::optional<at::Te
   cuda::check_out_aligned(op, "output", output);
   if (has_tensor(residual)) cuda::check_out_aligned(op, "residual_out", residual_out);
   if (rows.M == 0) return;
-  const c10::cuda::CUDAGuard guard(input.device());
-  const FusedForwardInputs in(input, residual, weight);
-  const double e = eps.value_or(rms_default_eps(input.scalar_type()));
   const auto out_dtype = fused_output_dtype(input.scalar_type(), weight, casting);
-  const FusedLaunchConfig c = fused_config(rows, input.scalar_type(), false, false);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_fused_types(input.scalar_type(), in.r.defined() && in.r.scalar_type() != input.scalar_type(),
-                       in.w.defined() && in.w.scalar_type() != input.scalar_type(), out_dtype != input.scalar_type(),
-                       [&](auto t, auto r_tag, auto w_tag, auto o_tag) {
-    using T = decltype(t);
-    using R = decltype(r_tag);
-    using W = decltype(w_tag);
-    using OutT = decltype(o_tag);
-    using AccT = at::opmath_type<T>;
-    const T* x = in.x.const_data_ptr<T>();
-    const R* r = in.r.defined() ? in.r.const_data_ptr<R>() : nullptr;
-    const W* w = in.w.defined() ? in.w.const_data_ptr<W>() : nullptr;
-    R* h_out = r != nullptr ? residual_out.mutable_data_ptr<R>() : nullptr;
-    auto* q = output.mutable_data_ptr<c10::Float8_e4m3fn>();
-    const float* static_scale = has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr;
-    float* row_scale = has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>();
-    const auto e_acc = static_cast<AccT>(e), offset = static_cast<AccT>(weight_offset);
-    const bool llama = casting == Casting::kLlama;
+  dispatch_fused_forward(input, residual, weight, eps, weight_offset, casting, rows, out_dtype, residual_out,
+                         [&](auto a, const FusedLaunchConfig& c) {
+    using Args = decltype(a);
+    a.q = output.mutable_data_ptr<c10::Float8_e4m3fn>();
+    a.static_scale = has_tensor(scale) ? scale->const_data_ptr<float>() : nullptr;
+    a.row_scale = has_tensor(scale) ? nullptr : scale_out.mutable_data_ptr<float>();
     if (!c.register_kind()) {
-      quant_kernel<T, R, W, OutT, AccT><<<c.ctas, c.threads, 0, stream>>>(x, r, w, q, h_out, static_scale, row_scale,
-                                                                          rows, e_acc, offset, llama);
+      quant_kernel<typename Args::Input, typename Args::Residual, typename Args::Weight, typename Args::Out,
+                   typename Args::Acc><<<c.ctas, c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+          a.x, a.res, a.w, a.q, a.h_out, a.static_scale, a.row_scale, a.s, a.eps, a.offset, a.llama);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      launch_rows_forward<true>(c, FusedForwardArgs<T, R, W, OutT, AccT>{
-          x, r, w, h_out, nullptr, nullptr, q, static_scale, row_scale, rows, e_acc, offset, llama});
+      launch_rows_forward<true>(c, a);
     }
   });
 }

@@ -272,6 +272,38 @@ inline void check_fused_backward_outputs(const at::Tensor& h, const std::optiona
   }
 }
 
+// What rms_norm_fused_backward.out computes, once its arguments and outputs are checked
+// (the same on CPU and CUDA): the rows, the casting, and which gradients are asked
+// (grad_weight only with a weight); `run` is false when nothing is left to compute
+// (no gradient asked, N == 0, or M == 0, where grad_weight is zeroed here).
+struct FusedBackwardRequest {
+  FusedRows rows;
+  Casting casting;
+  bool dx, dr, dw;
+  bool run;
+};
+
+inline FusedBackwardRequest fused_backward_request(const at::Tensor& grad_out,
+                                                   const std::optional<at::Tensor>& grad_residual_out,
+                                                   const at::Tensor& h, at::IntArrayRef normalized_shape,
+                                                   const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                                   double weight_offset, c10::string_view casting_name,
+                                                   at::ScalarType input_dtype, std::array<bool, 3> output_mask,
+                                                   const at::Tensor& grad_input, const at::Tensor& grad_residual,
+                                                   const at::Tensor& grad_weight) {
+  FusedBackwardRequest q;
+  q.casting = parse_casting(kRmsNormFusedBackwardOp, casting_name);
+  q.rows = check_rms_norm_fused_backward(grad_out, grad_residual_out, h, normalized_shape, rstd, weight,
+                                         weight_offset, q.casting, input_dtype);
+  q.dx = output_mask[0];
+  q.dr = output_mask[1];
+  q.dw = output_mask[2] && has_tensor(weight);
+  check_fused_backward_outputs(h, weight, input_dtype, output_mask, grad_input, grad_residual, grad_weight);
+  q.run = q.rows.N > 0 && q.rows.M > 0 && (q.dx || q.dr || q.dw);
+  if (q.rows.N > 0 && q.rows.M == 0 && q.dw) grad_weight.zero_();
+  return q;
+}
+
 // Calls fn(U{}) with U = float when use_float (only a half scalar_t admits it), else scalar_t.
 template <typename scalar_t, typename Fn>
 void with_type_or_float(bool use_float, Fn&& fn) {
