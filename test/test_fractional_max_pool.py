@@ -158,19 +158,43 @@ def test_forward_3d_tight_fit_equals_2d(device, dtype):
     assert torch.equal(y[:, :, 0], ry) and torch.equal(i[:, :, 0], ri)
 
 
-@pytest.mark.parametrize("dims", [2, 3])
+# (shape, kernel, output) per forward variant: kernel sizes that differ by axis (loops),
+# uniform 2 and 3 (unrolled windows: 2d planes in bands of rows, 3d segments).
+# The CUDA kernel each takes, and its unrolled window.
+_TIE_PROBLEMS = {
+    2: [((2, 3, 13, 11), (3, 2), (6, 7), "window_max_resident", 0),
+        ((2, 3, 13, 11), (2, 2), (6, 5), "band_window_max", 2),
+        ((2, 3, 13, 11), (3, 3), (7, 6), "band_window_max", 3)],
+    3: [((2, 2, 7, 8, 6), (2, 3, 2), (4, 4, 4), "window_max_resident", 0),
+        ((2, 2, 7, 8, 6), (2, 2, 2), (4, 4, 3), "window_max_resident", 2),
+        ((2, 2, 7, 8, 6), (3, 3, 3), (4, 5, 3), "window_max_resident", 3)],
+}
+
+
+@pytest.mark.parametrize("dims, problem", [(d, p) for d in (2, 3) for p in range(3)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_forward_ties_nan_inf(device, dims, dtype):
-    shape, k, out = ((2, 3, 13, 11), (3, 2), (6, 7)) if dims == 2 else ((2, 2, 7, 8, 6), (2, 3, 2), (4, 4, 4))
+def test_forward_ties_nan_inf(device, dims, problem, dtype):
+    # First max wins among ties (-0 == +0 included); a NaN wins over any number, the
+    # last NaN of a window over earlier ones; windows of -inf point at their first
+    # element. Windows with and without NaN or infinity side by side in each plane.
+    shape, k, out, kind, unrolled = _TIE_PROBLEMS[dims][problem]
+    config = _config("", dims, shape, k, out, dtype)
+    assert config.kind == kind and config["k"] == unrolled
     x = torch.randint(0, 3, shape, device=device).to(dtype)  # many ties: first max wins
-    x.view(-1)[::7] = float("nan")
-    x.view(-1)[3::11] = float("-inf")
+    x.view(-1)[1::5] = -0.0
+    x.view(-1)[::7] = 0.0
+    x.view(-1)[::29] = float("nan")
+    x.view(-1)[3::31] = float("-inf")
+    x.view(-1)[11::37] = float("inf")
     x[..., :3] = float("-inf")  # whole windows of -inf
+    x[0, 0] = -0.0  # a plane of signed zeros: the first of each window wins
+    x[0, 0].view(-1)[::3] = 0.0
     s = _samples(x, dims)
     y, i = _fw(dims)(x, list(k), list(out), s)
     ry, ri = _torch(dims, x, k, out, s)
     assert torch.equal(i, ri)
     torch.testing.assert_close(y, ry, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(y), torch.signbit(ry))
 
 
 @pytest.mark.parametrize("dims", [2, 3])
