@@ -135,14 +135,15 @@ CASES = [
     ("rms_norm", [1024, 64], F32, "warp_rows", dict(group=4, block=256), 0),
     ("rms_norm", [1024, 1001], BF16, "cta_row", dict(vec_bytes=2, block=256), 0),
     ("rms_norm", [1024, 4096], BF16, "cta_row", dict(block=128, cluster=1, vpt=4, row_groups=1024), 0),
-    ("rms_norm", [SMS + 1, 8192], F32, "cta_row", dict(block=512, cluster=1, vpt=4), 0),
-    # 4096 vectors: a cluster of 2 at 512 threads, so 8 vectors a thread in one CTA.
-    ("rms_norm", [1024, 16384], F32, "cta_row", dict(block=512, cluster=1, vpt=8), 0),
-    ("rms_norm", [2048, 65536], BF16, "cluster_row", dict(block=512, cluster=2, vpt=8, row_groups=2048), 0),
-    ("rms_norm", [512, 262144], BF16, "cluster_row", dict(block=1024, cluster=4, vpt=8), 0),
-    ("rms_norm", [4096, 32768], F32, "cluster_row", dict(block=512, cluster=2, vpt=8), 0),
+    ("rms_norm", [SMS + 1, 8192], F32, "cta_row", dict(block=512, cluster=1, vpt=4, stages=0), 0),
+    # 4096 vectors: a cluster of 2 at 512 threads, so 8 vectors a thread in one CTA. Rows shorter
+    # than 65536 stay in registers on an H200 too; longer ones: BANDWIDTH_CASES.
+    ("rms_norm", [1024, 16384], F32, "cta_row", dict(block=512, cluster=1, vpt=8, stages=0), 0),
+    ("rms_norm", [4096, 32768], BF16, "cta_row", dict(block=512, cluster=1, vpt=8, stages=0), 0),
+    ("rms_norm", [4096, 32768], F32, "cluster_row", dict(block=512, cluster=2, vpt=8, stages=0), 0),
+    # Rows of 1024 threads x 8 vectors: a cluster of 4 (their streamed form needs 512-thread CTAs).
+    ("rms_norm", [512, 262144], BF16, "cluster_row", dict(block=1024, cluster=4, vpt=8, stages=0), 0),
     ("rms_norm", [4096, 8192], F64, "cluster_row", dict(block=512, cluster=2, vpt=4), 0),
-    ("rms_norm", [2**20, 65536], BF16, "cluster_row", dict(row_groups=16 * SMS), 0),  # 16 waves, then grid-stride
     ("rms_norm", [64, 2**20], F32, "two_pass_row", dict(vec_bytes=16, block=512, cluster=1, row_groups=64), 0),
     # rms_norm decode rows (no more rows than SMs, a CTA each): at most 256 threads of 1, 2, 4
     # or 8 vectors (float64: 2 at most, then 512 threads); past that, rows of a CTA.
@@ -299,6 +300,23 @@ def test_policy_picks(case, facts):
 # threads: 4 CTAs an SM) on an H200, where two or more of its CTAs fit an SM's shared memory; on an
 # H100 the register kernel keeps them.
 BANDWIDTH_CASES = [
+    # rms_norm forward rows of 65536 or more over 512-thread CTAs x 4 vectors, more rows than
+    # SMs: on an H200 streamed, 3 rows of the CTA's slice staged (96 KB: two CTAs an SM),
+    # one wave of row groups walking the rows; on an H100 the register kernel, whose cluster
+    # rows hold 8 vectors a thread in half the cluster (up to 16 waves, then grid-stride).
+    ("rms_norm", [2048, 65536], BF16,
+     {"h200": ("streamed_cluster_row", dict(block=512, cluster=4, vpt=4, stages=3, smem=3 * 4 * 512 * 16,
+                                            row_groups=SMS // 2)),
+      "h100": ("cluster_row", dict(block=512, cluster=2, vpt=8, stages=0, smem=0, row_groups=2048))}),
+    ("rms_norm", [1024, 65536], F32,
+     {"h200": ("streamed_cluster_row", dict(block=512, cluster=8, vpt=4, row_groups=SMS // 4)),
+      "h100": ("cluster_row", dict(block=512, cluster=4, vpt=8))}),
+    ("rms_norm", [2**20, 65536], BF16,
+     {"h200": ("streamed_cluster_row", dict(row_groups=SMS // 2)),
+      "h100": ("cluster_row", dict(row_groups=16 * SMS))}),  # 16 waves, then grid-stride
+    # No more rows than SMs: a row or none a cluster, nothing to overlap; the register kernel.
+    ("rms_norm", [SMS, 65536], BF16,
+     {"h200": ("cluster_row", dict(cluster=2, vpt=8, stages=0)), "h100": ("cluster_row", dict(cluster=2, vpt=8))}),
     ("rms_norm_backward", [1024, 4096, 2], BF16,
      {"h200": ("streamed_row", dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS,
                                     dw_sum=DW_ORDERED)),
@@ -368,7 +386,7 @@ def test_every_kind_is_reached():
         ("fractional_max_pool2d_backward", "tile_stores"), ("fractional_max_pool3d_backward", "tile_counts"),
         ("fractional_max_pool3d_backward", "owned_boxes"),
         ("rms_norm", "empty"), ("rms_norm", "warp_rows"), ("rms_norm", "cta_row"), ("rms_norm", "cluster_row"),
-        ("rms_norm", "decode_row"), ("rms_norm", "two_pass_row"),
+        ("rms_norm", "decode_row"), ("rms_norm", "two_pass_row"), ("rms_norm", "streamed_cluster_row"),
         ("rms_norm_backward", "empty"), ("rms_norm_backward", "warp_rows"), ("rms_norm_backward", "cta_row"),
         ("rms_norm_backward", "cluster_row"), ("rms_norm_backward", "streamed_row"),
         ("rms_norm_backward", "streamed_cluster_row"),

@@ -203,6 +203,31 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     assert streamed == (wdt == torch.float32 and dtype != torch.float32)
 
 
+@pytest.mark.parametrize("dtype,wdt,n,cluster", [(torch.bfloat16, torch.bfloat16, 65536, 4),
+                                                 (torch.bfloat16, torch.float32, 65536, 4),
+                                                 (torch.float16, None, 65536, 4),
+                                                 (torch.float32, torch.float32, 65536, 8),
+                                                 (torch.float16, torch.float32, 130000, 8)])
+@pytest.mark.parametrize("m", [133, 1000])
+def test_forward_rows_streamed(device, dtype, wdt, n, cluster, m):
+    # Forward rows of 65536 or more over clusters of 512-thread CTAs take the streamed kernel
+    # on an H200: rows staged three ahead, clusters of a few rows (m = 133) or of many (m =
+    # 1000: the stages reused), the last CTA's last chunk partly past the row (n = 130000:
+    # 16250 vectors over eight CTAs of 512 threads x 4).
+    if device.type != "cuda":
+        pytest.skip("the streamed kernel: CUDA only (the CPU path is covered by the row sweep)")
+    config = rms_config(m, n, dtype)
+    assert (config.kind, config["cluster"]) == ("streamed_cluster_row", cluster)
+    x = random((m, n), dtype, device)
+    w = random((n,), wdt, device) if wdt is not None else None
+    y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    y_ref, rstd_ref = reference(x, (n,), w)
+    assert_close(y, y_ref)
+    torch.testing.assert_close(rstd.double(), rstd_ref, rtol=2 * math.sqrt(n) * 2.0**-24, atol=0)
+    again = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    assert torch.equal(y, again[0]) and torch.equal(rstd, again[1])
+
+
 @pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 2048), (torch.bfloat16, torch.float32, 5120),
                                          (torch.float16, None, 8192), (torch.float16, torch.float16, 1032)])
 @pytest.mark.parametrize("m", [133, 1000])
@@ -231,7 +256,8 @@ def test_backward_rows_of_one_cta_streamed(device, dtype, wdt, n, m):
 
 @pytest.mark.big_memory
 @pytest.mark.parametrize("n,wdt,kernel", [(1024, torch.bfloat16, "warp_rows"), (8192, torch.bfloat16, "cta_row"),
-                                          (65536, torch.bfloat16, "cluster_row"),
+                                          (65536, torch.bfloat16, "streamed_cluster_row"),
+                                          (262144, torch.bfloat16, "cluster_row"),
                                           (4096, torch.float32, "streamed_row"),
                                           (65536, torch.float32, "streamed_cluster_row"),
                                           (2**20, torch.bfloat16, "two_pass_row")])

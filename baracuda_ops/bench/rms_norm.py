@@ -31,8 +31,12 @@ def self_checks():
 
     def forward(dtype):
         def run(device):
-            for n, wdt in itertools.product((7, 1024, 3000, 4096, 65536), weight_dtypes(dtype)):
-                x = torch.randn(6, n, device=device, dtype=dtype)
+            # Decode rows, then (more rows than SMs) rows of clusters (CUDA, on an H200 at
+            # 65536 and 130000 16-bit, 65536 float32: of four or eight 512-thread CTAs staged
+            # by bulk copies, at 130000 the last CTA's last chunk partly past the row).
+            shapes = ((6, 7), (6, 1024), (6, 3000), (6, 4096), (6, 65536), (140, 65536), (140, 65000), (140, 130000))
+            for (m, n), wdt in itertools.product(shapes, weight_dtypes(dtype)):
+                x = torch.randn(m, n, device=device, dtype=dtype)
                 w = torch.randn(n, device=device, dtype=wdt)
                 y = rms_norm(x, (n,), w)
                 assert y.dtype == torch.nn.functional.rms_norm(x, (n,), w).dtype

@@ -1,7 +1,7 @@
 // rms_norm backward, rows streamed through shared memory by bulk copies.
 #pragma once
 
-#include "common.cuh"
+#include "streamed_rows.cuh"
 
 namespace baracuda {
 namespace {
@@ -15,10 +15,8 @@ namespace {
 // arriving at its cluster barrier and waiting there; a CTA that is its own cluster
 // passes straight through), the CTA computes the partial sum and dW terms of row
 // i + 1, and after publishing that, row i's dx. kStreamStages rows of x and dy take
-// the shared memory: one CTA per SM at cluster rows' 512 threads. A CTA's
-// slice of a row is chunk j < Vpt of `group` vectors at j * row_threads + rank *
-// group, copied to j * group of the stage; thread t takes vector j * group + t
-// of each chunk. Per row (g_i = dy_i * w_i):
+// the shared memory (StagedRowSlices): one CTA per SM at cluster rows' 512 threads.
+// Per row (g_i = dy_i * w_i):
 //   s = sum_i g_i * x_i;  dx_i = T(rstd * g_i - x_i * rstd^3 * s / N)
 //   dW: acc[i] += dy_i * x_i * rstd in registers, rows in order; at the end the
 //   thread's sums go to partials[p][col] (p = the cluster), or to dW itself when
@@ -40,55 +38,28 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   __shared__ cuda::BlockSumScratch<AccT> scratch[2];  // by row parity: one barrier a block sum
   __shared__ AccT slots[2];
   __shared__ uint64_t full[kStages];
-  cg::cluster_group cl = cg::this_cluster();
-  const int group = blockDim.x;
-  const RowLayout L(group, cluster);
+  const RowLayout L(blockDim.x, cluster);
   const int nv = N / V;
-  const int stage_vectors = Vpt * group;  // per tensor
-  const auto stage_x = [&](int64_t i) {
-    return reinterpret_cast<Raw*>(rms_smem) + (i % kStages) * 2 * stage_vectors;
-  };
-  const auto stage_dy = [&](int64_t i) { return stage_x(i) + stage_vectors; };
+  const StagedRowSlices<T, V, Vpt, 2, kStages> staged{reinterpret_cast<Raw*>(rms_smem), L, nv, N};  // x, dy
+  const cuda::BulkStageRing<kStages> ring{full, kStages};
+  const ClusterRowSum<AccT> row_sum{scratch, slots, cluster};
   const auto row_of = [&](int64_t i) { return L.first + i * L.step; };
   const int64_t rows = L.first < M ? (M - 1 - L.first) / L.step + 1 : 0;  // this cluster's
-  // Chunk j of this CTA: `count` vectors from global vector `first`.
-  const auto chunk_first = [&](int j) { return j * L.row_threads + L.rank * group; };
-  const auto chunk_count = [&](int j) { return std::clamp(nv - chunk_first(j), 0, group); };
-  const auto fetch = [&](int64_t i) {  // thread 0: row i of this cluster into its stage
-    uint64_t* bar = &full[i % kStages];
-    uint32_t bytes = 0;
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) bytes += 2u * chunk_count(j) * sizeof(Raw);
-    cuda::mbarrier_expect_bytes(bar, bytes);
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-      const int count = chunk_count(j);
-      if (count == 0) continue;
-      const int64_t from = row_of(i) * N + int64_t(chunk_first(j)) * V;
-      cuda::bulk_copy_to_shared(stage_x(i) + j * group, x + from, count * sizeof(Raw), bar);
-      cuda::bulk_copy_to_shared(stage_dy(i) + j * group, dy + from, count * sizeof(Raw), bar);
-    }
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) cuda::mbarrier_init(&full[s], 1);
-    cuda::fence_barrier_init();
-    for (int64_t i = 0; i < kStages && i < rows; ++i) fetch(i);
-  }
-  __syncthreads();
+  const auto fetch = [&](int64_t i) { staged.fetch(i, row_of(i), {x, dy}, ring.bar(i)); };
+  ring.start(rows, fetch);
   RawWeight<W, V> wv[Vpt];
   AccT dw[Vpt * V] = {};
 #pragma unroll
   for (int j = 0; j < Vpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * L.row_threads + L.u, nv);
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
-  const auto mine = [&](int j) { return j * L.row_threads + L.u < nv; };
   // Row i's partial sum of g * w * x (waiting for its stage), its dW terms added.
   const auto partial_sum = [&](int64_t i, AccT r) {
-    cuda::mbarrier_wait(&full[i % kStages], static_cast<uint32_t>((i / kStages) & 1));
+    ring.wait(i);
     AccT sum = 0;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
-      if (!mine(j)) continue;
-      const Raw xv = stage_x(i)[j * group + threadIdx.x], gv = stage_dy(i)[j * group + threadIdx.x];
+      if (!staged.mine(j)) continue;
+      const Raw xv = staged.at(i, 0, j), gv = staged.at(i, 1, j);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const AccT xe = cuda::raw_elem<AccT, T, V>(xv, e), ge = cuda::raw_elem<AccT, T, V>(gv, e);
@@ -98,25 +69,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     }
     return sum;
   };
-  // The CTA's sum of row i into its cluster slot, and arrive at the row's barrier.
-  const auto publish = [&](int64_t i, AccT part) {
-    const AccT v = cuda::block_sum_once(part, scratch[i & 1]);
-    if (threadIdx.x == 0) slots[i & 1] = v;
-    cl.barrier_arrive();
-  };
-  const auto collect = [&](int64_t i) {
-    cl.barrier_wait();
-    AccT total = 0;
-    for (int rank = 0; rank < cluster; ++rank) total += *cl.map_shared_rank(slots + (i & 1), rank);
-    return total;
-  };
   const auto write_dx = [&](int64_t i, AccT r, AccT s) {
     const AccT k = r * r * r * s / static_cast<AccT>(N);
     const int64_t row = row_of(i);
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
-      if (!mine(j)) continue;
-      const Raw xv = stage_x(i)[j * group + threadIdx.x], gv = stage_dy(i)[j * group + threadIdx.x];
+      if (!staged.mine(j)) continue;
+      const Raw xv = staged.at(i, 0, j), gv = staged.at(i, 1, j);
       cuda::Vec<T, V> out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -129,20 +88,17 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   if (rows > 0) {
     AccT r = rstd[row_of(0)];
     AccT r_next = rows > 1 ? rstd[row_of(1)] : AccT(0);
-    publish(0, partial_sum(0, r));
+    row_sum.publish(partial_sum(0, r), 0);
     for (int64_t i = 0; i < rows; ++i) {
       const bool more = i + 1 < rows;
       const AccT r_after = i + 2 < rows ? rstd[row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
       AccT part_next = 0;
       if (more) part_next = partial_sum(i + 1, r_next);
-      const AccT s = collect(i);
+      const AccT s = row_sum.collect(i & 1);
       if (more) {
-        publish(i + 1, part_next);
+        row_sum.publish(part_next, (i + 1) & 1);
         // Past the block sum's barrier every thread has written row i - 1's dx.
-        if (threadIdx.x == 0 && i >= 1 && i - 1 + kStages < rows) {
-          cuda::fence_shared_for_bulk_copy();
-          fetch(i - 1 + kStages);
-        }
+        if (threadIdx.x == 0 && i >= 1 && i - 1 + kStages < rows) ring.refill(i - 1 + kStages, fetch);
       }
       if (dx != nullptr) write_dx(i, r, s);
       r = r_next;
@@ -150,7 +106,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     }
   }
   if (want_dw) store_thread_dw<Vpt, V>(L, cluster, nv, N, partials, dw_direct, [&](int k) { return dw[k]; });
-  cl.sync();  // no CTA leaves while another still reads its slots
+  cg::this_cluster().sync();  // no CTA leaves while another still reads its slots
 #else
   __trap();  // clusters and bulk copies: chosen only on sm_90 and newer
 #endif

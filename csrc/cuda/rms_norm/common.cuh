@@ -15,7 +15,10 @@
 //     backward 1 or 2 vectors in up to 1024 threads; w loaded together with x
 //     and kept as loaded (RawWeight) until used;
 //   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
-//   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster.
+//   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster;
+//   - forward rows of 65536 or more over clusters of 512-thread CTAs on
+//     H200-class devices: staged in shared memory by bulk copies, rows overlapped
+//     (rms_norm_fwd_streamed_kernel; streamed_rows.cuh).
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
 // their dW sums while they wait at the row's cluster barrier; with a float32 weight
 // on a half input, one CTA per SM instead, x and dy staged in shared memory by

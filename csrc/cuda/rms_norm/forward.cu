@@ -1,8 +1,10 @@
 // rms_norm forward, CUDA: the register-row and decode kernels and the launcher
-// (kinds and their choice: baracuda/rms_norm_policy.h; the two-pass kernel:
-// two_pass.cuh). Bytes: M*N*e read + M*N*e written + M*a written (+ w, cached).
+// (kinds and their choice: baracuda/rms_norm_policy.h; the streamed kernel:
+// forward_streamed.cuh; the two-pass kernel: two_pass.cuh).
+// Bytes: M*N*e read + M*N*e written + M*a written (+ w, cached).
 #include "common.cuh"
 #include "decode.cuh"
+#include "forward_streamed.cuh"
 #include "two_pass.cuh"
 
 namespace baracuda {
@@ -137,10 +139,22 @@ void with_fwd_decode_kernel(const RmsLaunchConfig& c, Fn&& fn) {
   TORCH_CHECK(false, "rms_norm: no decode kernel for ", c.vpt, " vectors of ", V, " per thread");
 }
 
+// Calls fn(kernel) with the streamed forward kernel (instantiated for 16-byte vectors of
+// 2- or 4-byte elements, as the policy picks it).
+template <typename T, typename W, typename AccT, int V, typename Fn>
+void with_fwd_streamed_kernel(Fn&& fn) {
+  if constexpr (V * sizeof(T) == 16 && sizeof(T) <= 4) {
+    fn(rms_norm_fwd_streamed_kernel<T, W, AccT, V>);
+  } else {
+    TORCH_CHECK(false, "rms_norm: no streamed kernel for vectors of ", V * sizeof(T), " bytes");
+  }
+}
+
 // Resident row groups of the forward kernel a shape launches.
 int64_t forward_resident_row_groups(const RmsLaunchConfig& c, c10::ScalarType dtype) {
   return min_resident_row_groups(c, dtype, [&]<typename T, typename W, typename AccT, int V>(auto&& fn) {
     if (c.two_pass()) return fn(rms_norm_fwd_looped_kernel<T, W, AccT, V>);
+    if (c.stages > 0) return with_fwd_streamed_kernel<T, W, AccT, V>(fn);
     with_fwd_kernel<T, W, AccT, V>(c, fn);
   });
 }
@@ -187,6 +201,13 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
           with_fwd_decode_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
             cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp,
                          static_cast<int>(rows.N), static_cast<acc_t>(e), inverse_row_length<acc_t>(rows.N));
+          });
+        } else if (c.stages > 0) {
+          with_fwd_streamed_kernel<scalar_t, W, acc_t, V>([&](auto kernel) {
+            cuda::launch(kernel,
+                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
+                          .smem = c.smem},
+                         xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.cluster, static_cast<acc_t>(e));
           });
         } else {
           with_fwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto* kernel) {

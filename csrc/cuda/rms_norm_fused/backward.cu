@@ -151,20 +151,16 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   };
   const int64_t rows = blockIdx.x < s.M ? (s.M - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const auto row_of = [&](int64_t i) { return int64_t(blockIdx.x) + i * gridDim.x; };
+  const cuda::BulkStageRing<fused::kMaxStages> ring{full, stages};
   const auto fetch = [&](int64_t i) {  // thread 0: row i into its stage
-    uint64_t* bar = &full[i % stages];
+    uint64_t* bar = ring.bar(i);
     const int64_t from = row_of(i) * N;
     cuda::mbarrier_expect_bytes(bar, streams * row_bytes);
     cuda::bulk_copy_to_shared(staged(i, 0), dy + from, row_bytes, bar);
     cuda::bulk_copy_to_shared(staged(i, 1), h + from, row_bytes, bar);
     if (dres != nullptr) cuda::bulk_copy_to_shared(staged(i, 2), dres + from, row_bytes, bar);
   };
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < stages; ++st) cuda::mbarrier_init(&full[st], 1);
-    cuda::fence_barrier_init();
-    for (int64_t i = 0; i < stages && i < rows; ++i) fetch(i);
-  }
-  __syncthreads();
+  ring.start(rows, fetch);
   RawWeight<W, V> wv[Vpt];
 #pragma unroll
   for (int j = 0; j < Vpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * group + threadIdx.x, nv);
@@ -176,7 +172,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   AccT r_next = rows > 1 ? rstd[row_of(1)] : AccT(0);
   for (int64_t i = 0; i < rows; ++i) {
     const AccT r_after = i + 2 < rows ? rstd[row_of(i + 2)] : AccT(0);  // loaded two rows ahead of its use
-    cuda::mbarrier_wait(&full[i % stages], static_cast<uint32_t>((i / stages) & 1));
+    ring.wait(i);
     const Raw* gs = staged(i, 0) + threadIdx.x;
     const Raw* hs = staged(i, 1) + threadIdx.x;
     AccT part = 0;
@@ -215,10 +211,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     }
     // Every thread is done with row i's stage and with the block sum's scratch.
     __syncthreads();
-    if (threadIdx.x == 0 && i + stages < rows) {
-      cuda::fence_shared_for_bulk_copy();
-      fetch(i + stages);
-    }
+    if (threadIdx.x == 0 && i + stages < rows) ring.refill(i + stages, fetch);
     r = r_next;
     r_next = r_after;
   }

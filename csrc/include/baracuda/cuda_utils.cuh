@@ -472,6 +472,41 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
+// A ring of `stages` shared-memory stages filled by bulk copies: stage i % stages holds
+// item i (a row) from its fetch until the CTA is done with it, when item i + stages
+// takes it. `full` is kMaxStages mbarriers in the CTA's shared memory; fetch(i) (thread
+// 0) announces item i's bytes on bar(i) and issues its copies.
+template <int kMaxStages>
+struct BulkStageRing {
+  uint64_t* full;
+  int stages;
+
+  __device__ uint64_t* bar(int64_t i) const { return &full[i % stages]; }
+
+  // Initializes the barriers and fetches items 0 .. stages - 1 (of `items`); every
+  // thread calls it (its CTA barrier publishes the initialized barriers).
+  template <typename Fetch>
+  __device__ void start(int64_t items, Fetch&& fetch) const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < stages; ++s) mbarrier_init(&full[s], 1);
+      fence_barrier_init();
+      for (int64_t i = 0; i < stages && i < items; ++i) fetch(i);
+    }
+    __syncthreads();
+  }
+
+  // Returns once item i has landed in its stage.
+  __device__ void wait(int64_t i) const { mbarrier_wait(bar(i), static_cast<uint32_t>((i / stages) & 1)); }
+
+  // Thread 0, after a CTA barrier past every thread's last read of item i - stages:
+  // orders those reads before the copy engine's writes, then fetches item i.
+  template <typename Fetch>
+  __device__ void refill(int64_t i, Fetch&& fetch) const {
+    fence_shared_for_bulk_copy();
+    fetch(i);
+  }
+};
+
 // v[0] + ... + v[K-1] as a balanced tree of pairs, ((v0 + v1) + (v2 + v3)) + ...:
 // a fixed order with log2(K) dependent adds instead of K, for a thread's sum of
 // terms that are all at hand (rms_norm's decode kernels: the last load's arrival

@@ -13,8 +13,10 @@
 //   kStreamedRow         backward rows of one CTA of a half input (two or more
 //                        CTAs an SM, H200-class bandwidth): x and dy staged by
 //                        bulk copies, rows ahead;
-//   kStreamedClusterRow  backward cluster rows of a half input with a float32 dW:
-//                        one CTA per SM, x and dy staged by bulk copies;
+//   kStreamedClusterRow  cluster rows staged by bulk copies, rows ahead: forward
+//                        rows of 65536 or more over 512-thread CTAs (H200-class
+//                        bandwidth; two CTAs an SM), and the backward of a half
+//                        input with a float32 dW (x and dy; one CTA per SM);
 //   kDecodeRow           no more rows than SMs (latency-bound): a CTA a row,
 //                        the row and w loaded in one round;
 //   kTwoPassRow          rows too long for registers: x (and dy) read twice.
@@ -51,9 +53,16 @@ constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vect
 constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
 constexpr int kStreamStages = 3;     // streamed backward: rows of x and dy in shared memory
 // Copy bandwidth (read + write, bytes/s) from which the backward streams half-input rows of one
-// CTA: an H200 (4.19e12) needs more bytes in flight per SM than the register kernel's rows give
-// it; on an H100 (2.97e12) the register kernel measured faster.
+// CTA and the forward rows of 512-thread CTAs or clusters of them: an H200 (4.19e12) needs more
+// bytes in flight per SM than the register kernels' rows give it; on an H100 (2.97e12) the
+// register kernels measured faster.
 constexpr double kStreamedRowsMinBandwidth = 3.5e12;
+// The forward streams rows of at least this many elements (clusters of four 512-thread CTAs
+// of kVpt 16-bit vectors, or eight of float32 ones). There, on an H200, the streamed kernel
+// runs at 0.89-0.91 of copy against the register kernel's 0.77-0.90; at shorter rows it
+// runs at 0.88-0.92, where the register kernel reaches 0.92-0.98 (float32 at N = 32768,
+// four CTAs: 0.92 against 0.93).
+constexpr int64_t kStreamedFwdMinRow = 65536;
 
 // Decode spreads, tried in order: (vectors per thread, threads at most). Forward:
 // at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors, then 512
@@ -106,7 +115,7 @@ struct RmsLaunchConfig {
   int vpt = rms::kVpt;   // vectors per thread: kVpt; 1 to 8 for decode rows; 1 for backward rows
                          // spread over a cluster of 8; 2 * kVpt for forward cluster rows
   int ctas_per_sm = 1;   // backward cluster rows: 2 (registers capped by __launch_bounds__)
-  int stages = 0;        // kStreamedRow, kStreamedClusterRow: rows of x and dy staged
+  int stages = 0;        // kStreamedRow, kStreamedClusterRow: rows staged (x; backward x and dy)
   int64_t clusters = 0;  // row groups launched (grid = clusters * cluster); backward: dW partial rows
   int64_t dw_columns = 0;  // kDecodeRow backward: CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators, staged rows)
@@ -128,7 +137,7 @@ struct RmsOccupancy {
 // Whether the grid of `c` depends on the kernel's occupancy.
 inline bool rms_needs_occupancy(const RmsLaunchConfig& c, bool backward) {
   if (c.kind == RmsKernel::kEmpty || c.decode()) return false;
-  return backward || c.cluster > 1 || c.two_pass();
+  return backward || c.cluster > 1 || c.two_pass() || c.stages > 0;
 }
 
 // Everything but the grid: kind, thread shape, shared memory.
@@ -169,12 +178,26 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
     }
     c.group = c.block;
   }
+  // Forward rows of at least kStreamedFwdMinRow elements split over 512-thread CTAs of kVpt
+  // 16-byte vectors, more rows than SMs, on devices of kStreamedRowsMinBandwidth: the
+  // streamed kernel (sm_90), kStreamStages rows of the CTA's slice staged by bulk copies,
+  // two CTAs an SM, so two rows' loads are in flight while one is summed and stored; the
+  // register kernel's next row waits for this row's cluster barrier. (With a row or none
+  // a cluster there is nothing to overlap.) Elements of 2 or 4 bytes.
+  bool streamed = false;
+  if (!backward && !looped && f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth &&
+      c.vec * elem == 16 && elem <= 4 && c.block == kBwdMaxThreads && N >= kStreamedFwdMinRow &&
+      M > f.num_sms) {
+    streamed = true;
+    c.stages = kStreamStages;
+    c.smem = kStreamStages * int64_t(c.vpt) * c.block * 16;
+  }
   // Rows that need a cluster: the CTAs of a cluster wait for each other at every
   // row's barrier. The forward holds 2 * kVpt vectors per thread (16-byte vectors:
   // 64 registers), so half as many CTAs share a row. The backward, which needs
   // more registers per vector, is held to 64 registers, two CTAs per SM, so one
   // CTA's loads run while the other waits at its barrier.
-  if (!looped && c.cluster > 1) {
+  if (!looped && !streamed && c.cluster > 1) {
     if (!backward && c.vec * elem == 16 && elem <= 4) {  // float64 spills at 2 * kVpt
       c.vpt = 2 * kVpt;
       c.cluster /= 2;
@@ -188,7 +211,7 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   // launch fewer on a path that launch latency bounds); those CTAs run in the same
   // wave (at most 64 registers a thread: kMaxThreads / threads CTAs an SM).
   const bool dw_by_columns = p.dw_elem > 0 && (M > 1 || N * p.dw_elem > 8192);
-  if (!looped && c.group == c.block && c.vec * elem == 16 && M <= f.num_sms) {
+  if (!looped && !streamed && c.group == c.block && c.vec * elem == 16 && M <= f.num_sms) {
     const auto take_first_fitting = [&](const auto& spreads) {
       for (const auto& [vpt, cap] : spreads) {
         const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, vpt), 32) * 32);
@@ -231,7 +254,6 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   //    32-byte vectors cost the register kernel more than the streamed kernel's barriers
   //    cost it; for the other dtypes two register CTAs per SM are faster, since with 16
   //    warps an SM the streamed kernel's block and cluster barriers stall the whole SM.
-  bool streamed = false;
   if (backward && !looped && !decode && c.vpt == kVpt && c.vec * elem == 16 && elem == 2) {
     const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
     const bool cta_rows = f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth && c.cluster == 1 &&
@@ -284,6 +306,7 @@ inline RmsLaunchConfig rms_launch_grid(RmsLaunchConfig c, const RmsProblem& p, c
       // loads in flight, fewer dW partial rows to write and sum). A grid larger than
       // what runs at once leaves a tail wave; with clusters that can halve the speed.
       // Backward: one wave, each row group accumulating dW for the rows it visits.
+      // Forward streamed rows: one wave, each CTA streaming the rows it visits.
       // Forward cluster rows and the two-pass kernel: up to 16 waves, the rest by
       // grid-stride (a cluster per row group is slower).
       int64_t resident = occ.resident_row_groups;
@@ -291,7 +314,7 @@ inline RmsLaunchConfig rms_launch_grid(RmsLaunchConfig c, const RmsProblem& p, c
         const int64_t per_sm = std::clamp<int64_t>(1024 / c.block, 1, 32);
         resident = std::min(resident, std::max<int64_t>(1, int64_t(f.num_sms) * per_sm / c.cluster));
       }
-      c.clusters = std::min(row_groups, backward ? resident : 16 * resident);
+      c.clusters = std::min(row_groups, backward || c.stages > 0 ? resident : 16 * resident);
     }
   }
   if (backward && p.dw_elem > 0) {
