@@ -51,11 +51,11 @@ constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
 constexpr int kReduceCols = 32;      // dW sum: columns per CTA
 constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vectors each, one a lane
 constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
-constexpr int kStreamStages = 3;     // streamed backward: rows of x and dy in shared memory
+constexpr int kStreamStages = 3;     // streamed kernels: rows staged in shared memory
 // Copy bandwidth (read + write, bytes/s) from which the backward streams half-input rows of one
-// CTA and the forward rows of 512-thread CTAs or clusters of them: an H200 (4.19e12) needs more
-// bytes in flight per SM than the register kernels' rows give it; on an H100 (2.97e12) the
-// register kernels measured faster.
+// CTA and the forward rows of kStreamedFwdMinRow or more: an H200 (4.19e12) needs more bytes in
+// flight per SM than the register kernels' rows give it; on an H100 (2.97e12) the register
+// kernels measured faster.
 constexpr double kStreamedRowsMinBandwidth = 3.5e12;
 // The forward streams rows of at least this many elements (clusters of four 512-thread CTAs
 // of kVpt 16-bit vectors, or eight of float32 ones). There, on an H200, the streamed kernel
