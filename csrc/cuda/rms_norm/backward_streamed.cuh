@@ -31,35 +31,22 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
                                  W* __restrict__ dw_direct, int64_t M, int N, int cluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int Vpt = kVpt;
-  constexpr int kStages = kStreamStages;
   using Raw = cuda::RawVec<T, V>;
   cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
-  extern __shared__ __align__(16) unsigned char rms_smem[];
-  __shared__ cuda::BlockSumScratch<AccT> scratch[2];  // by row parity: one barrier a block sum
-  __shared__ AccT slots[2];
-  __shared__ uint64_t full[kStages];
-  const RowLayout L(blockDim.x, cluster);
-  const int nv = N / V;
-  const StagedRowSlices<T, V, Vpt, 2, kStages> staged{reinterpret_cast<Raw*>(rms_smem), L, nv, N};  // x, dy
-  const cuda::BulkStageRing<kStages> ring{full, kStages};
-  const ClusterRowSum<AccT> row_sum{scratch, slots, cluster};
-  const auto row_of = [&](int64_t i) { return L.first + i * L.step; };
-  const int64_t rows = L.first < M ? (M - 1 - L.first) / L.step + 1 : 0;  // this cluster's
-  const auto fetch = [&](int64_t i) { staged.fetch(i, row_of(i), {x, dy}, ring.bar(i)); };
-  ring.start(rows, fetch);
+  const auto rows = StreamedRows<T, AccT, V, 2>::make({x, dy}, M, N, cluster);
+  rows.start();
   RawWeight<W, V> wv[Vpt];
   AccT dw[Vpt * V] = {};
-#pragma unroll
-  for (int j = 0; j < Vpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * L.row_threads + L.u, nv);
+  rows.load_weight(w, wv);
   const bool want_dw = partials != nullptr || dw_direct != nullptr;
   // Row i's partial sum of g * w * x (waiting for its stage), its dW terms added.
   const auto partial_sum = [&](int64_t i, AccT r) {
-    ring.wait(i);
+    rows.ring.wait(i);
     AccT sum = 0;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
-      if (!staged.mine(j)) continue;
-      const Raw xv = staged.at(i, 0, j), gv = staged.at(i, 1, j);
+      if (!rows.staged.mine(j)) continue;
+      const Raw xv = rows.staged.at(i, 0, j), gv = rows.staged.at(i, 1, j);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const AccT xe = cuda::raw_elem<AccT, T, V>(xv, e), ge = cuda::raw_elem<AccT, T, V>(gv, e);
@@ -71,41 +58,43 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   };
   const auto write_dx = [&](int64_t i, AccT r, AccT s) {
     const AccT k = r * r * r * s / static_cast<AccT>(N);
-    const int64_t row = row_of(i);
+    const int64_t row = rows.row_of(i);
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
-      if (!staged.mine(j)) continue;
-      const Raw xv = staged.at(i, 0, j), gv = staged.at(i, 1, j);
+      if (!rows.staged.mine(j)) continue;
+      const Raw xv = rows.staged.at(i, 0, j), gv = rows.staged.at(i, 1, j);
       cuda::Vec<T, V> out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         out.v[e] = static_cast<T>(r * cuda::raw_elem<AccT, T, V>(gv, e) * wv[j].template at<AccT>(e) -
                                   cuda::raw_elem<AccT, T, V>(xv, e) * k);
       }
-      cuda::store_vec<T, V>(dx + row * N + int64_t(j * L.row_threads + L.u) * V, out);
+      cuda::store_vec<T, V>(dx + row * N + int64_t(j * rows.L.row_threads + rows.L.u) * V, out);
     }
   };
-  if (rows > 0) {
-    AccT r = rstd[row_of(0)];
-    AccT r_next = rows > 1 ? rstd[row_of(1)] : AccT(0);
-    row_sum.publish(partial_sum(0, r), 0);
-    for (int64_t i = 0; i < rows; ++i) {
-      const bool more = i + 1 < rows;
-      const AccT r_after = i + 2 < rows ? rstd[row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
+  if (rows.count > 0) {
+    AccT r = rstd[rows.row_of(0)];
+    AccT r_next = rows.count > 1 ? rstd[rows.row_of(1)] : AccT(0);
+    rows.sum.publish(partial_sum(0, r), 0);
+    for (int64_t i = 0; i < rows.count; ++i) {
+      const bool more = i + 1 < rows.count;
+      const AccT r_after = i + 2 < rows.count ? rstd[rows.row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
       AccT part_next = 0;
       if (more) part_next = partial_sum(i + 1, r_next);
-      const AccT s = row_sum.collect(i & 1);
+      const AccT s = rows.sum.collect(i & 1);
       if (more) {
-        row_sum.publish(part_next, (i + 1) & 1);
+        rows.sum.publish(part_next, (i + 1) & 1);
         // Past the block sum's barrier every thread has written row i - 1's dx.
-        if (threadIdx.x == 0 && i >= 1 && i - 1 + kStages < rows) ring.refill(i - 1 + kStages, fetch);
+        if (threadIdx.x == 0 && i >= 1 && i - 1 + rows.kStages < rows.count) rows.refill(i - 1 + rows.kStages);
       }
       if (dx != nullptr) write_dx(i, r, s);
       r = r_next;
       r_next = r_after;
     }
   }
-  if (want_dw) store_thread_dw<Vpt, V>(L, cluster, nv, N, partials, dw_direct, [&](int k) { return dw[k]; });
+  if (want_dw) {
+    store_thread_dw<Vpt, V>(rows.L, cluster, rows.staged.nv, N, partials, dw_direct, [&](int k) { return dw[k]; });
+  }
   cg::this_cluster().sync();  // no CTA leaves while another still reads its slots
 #else
   __trap();  // clusters and bulk copies: chosen only on sm_90 and newer

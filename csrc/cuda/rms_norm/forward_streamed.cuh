@@ -26,32 +26,19 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
                                  AccT* __restrict__ rstd, int64_t M, int N, int cluster, AccT eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int Vpt = kVpt;
-  constexpr int kStages = kStreamStages;
   using Raw = cuda::RawVec<T, V>;
-  extern __shared__ __align__(16) unsigned char rms_smem[];
-  __shared__ cuda::BlockSumScratch<AccT> scratch[2];  // by row parity: one barrier a block sum
-  __shared__ AccT slots[2];
-  __shared__ uint64_t full[kStages];
-  const RowLayout L(blockDim.x, cluster);
-  const int nv = N / V;
-  const StagedRowSlices<T, V, Vpt, 1, kStages> staged{reinterpret_cast<Raw*>(rms_smem), L, nv, N};
-  const cuda::BulkStageRing<kStages> ring{full, kStages};
-  const ClusterRowSum<AccT> row_sum{scratch, slots, cluster};
-  const auto row_of = [&](int64_t i) { return L.first + i * L.step; };
-  const int64_t rows = L.first < M ? (M - 1 - L.first) / L.step + 1 : 0;  // this cluster's
-  const auto fetch = [&](int64_t i) { staged.fetch(i, row_of(i), {x}, ring.bar(i)); };
-  ring.start(rows, fetch);
+  const auto rows = StreamedRows<T, AccT, V, 1>::make({x}, M, N, cluster);
+  rows.start();
   RawWeight<W, V> wv[Vpt];
-#pragma unroll
-  for (int j = 0; j < Vpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * L.row_threads + L.u, nv);
+  rows.load_weight(w, wv);
   // Row i's partial sum of squares, once its stage has landed.
   const auto squares = [&](int64_t i) {
-    ring.wait(i);
+    rows.ring.wait(i);
     AccT ss = 0;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
-      if (!staged.mine(j)) continue;
-      const Raw xv = staged.at(i, 0, j);
+      if (!rows.staged.mine(j)) continue;
+      const Raw xv = rows.staged.at(i, 0, j);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const AccT a = cuda::raw_elem<AccT, T, V>(xv, e);
@@ -62,29 +49,29 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   };
   const auto write_y = [&](int64_t i, AccT ss) {
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
-    const int64_t row = row_of(i);
-    if (L.u == 0) rstd[row] = r;
+    const int64_t row = rows.row_of(i);
+    if (rows.L.u == 0) rstd[row] = r;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
-      if (!staged.mine(j)) continue;
-      const Raw xv = staged.at(i, 0, j);
+      if (!rows.staged.mine(j)) continue;
+      const Raw xv = rows.staged.at(i, 0, j);
       cuda::Vec<T, V> out;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         out.v[e] = static_cast<T>(cuda::raw_elem<AccT, T, V>(xv, e) * r * wv[j].template at<AccT>(e));
       }
-      cuda::store_vec<T, V>(y + row * N + int64_t(j * L.row_threads + L.u) * V, out);
+      cuda::store_vec<T, V>(y + row * N + int64_t(j * rows.L.row_threads + rows.L.u) * V, out);
     }
   };
-  if (rows > 0) row_sum.publish(squares(0), 0);
-  for (int64_t i = 0; i < rows; ++i) {
-    const bool more = i + 1 < rows;
+  if (rows.count > 0) rows.sum.publish(squares(0), 0);
+  for (int64_t i = 0; i < rows.count; ++i) {
+    const bool more = i + 1 < rows.count;
     const AccT next = more ? squares(i + 1) : AccT(0);
-    const AccT ss = row_sum.collect(i & 1);
-    if (more) row_sum.publish(next, (i + 1) & 1);
+    const AccT ss = rows.sum.collect(i & 1);
+    if (more) rows.sum.publish(next, (i + 1) & 1);
     write_y(i, ss);
     __syncthreads();  // every thread is done with row i's stage
-    if (threadIdx.x == 0 && i + kStages < rows) ring.refill(i + kStages, fetch);
+    if (threadIdx.x == 0 && i + rows.kStages < rows.count) rows.refill(i + rows.kStages);
   }
   cg::this_cluster().sync();  // no CTA leaves while another still reads its slots
 #else

@@ -76,16 +76,57 @@ struct ClusterRowSum {
   }
 
   __device__ AccT collect(int parity) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    cl.barrier_wait();
-    AccT total = 0;
-    for (int rank = 0; rank < cluster; ++rank) total += *cl.map_shared_rank(slots + parity, rank);
-    return total;
-#else
-    __trap();
-    return AccT(0);
-#endif
+    return cluster_slots_fold(slots, parity, cluster, AccT(0), [](AccT a, AccT b) { return a + b; });
+  }
+};
+
+// What the streamed-rows kernels declare and walk: this CTA's rows row_of(i), i < count
+// (its cluster's row group), their slices of the kTensors tensors `from` staged
+// kStreamStages rows ahead (staged, ring: start() fetches the first, refill(i) after a
+// CTA barrier past the last read of row i - kStreamStages), and the rows' sums over the
+// cluster (sum). Shared memory: the dynamic stages, two block-sum scratches and slots
+// (by row parity) and the stages' mbarriers. Rows of blockDim.x threads, kVpt vectors each.
+template <typename T, typename AccT, int V, int kTensors>
+struct StreamedRows {
+  static constexpr int kStages = kStreamStages;
+  RowLayout L;
+  StagedRowSlices<T, V, kVpt, kTensors, kStages> staged;
+  cuda::BulkStageRing<kStages> ring;
+  ClusterRowSum<AccT> sum;
+  int64_t count;
+  const T* from[kTensors];
+
+  static __device__ __forceinline__ StreamedRows make(const T* const (&from)[kTensors], int64_t M, int N,
+                                                      int cluster) {
+    extern __shared__ __align__(16) unsigned char rms_smem[];
+    __shared__ cuda::BlockSumScratch<AccT> scratch[2];  // by row parity: one barrier a block sum
+    __shared__ AccT slots[2];
+    __shared__ uint64_t full[kStages];
+    const RowLayout L(blockDim.x, cluster);
+    StreamedRows s{L,
+                   {reinterpret_cast<cuda::RawVec<T, V>*>(rms_smem), L, N / V, N},
+                   {full, kStages},
+                   {scratch, slots, cluster},
+                   L.first < M ? (M - 1 - L.first) / L.step + 1 : 0,
+                   {}};
+#pragma unroll
+    for (int t = 0; t < kTensors; ++t) s.from[t] = from[t];
+    return s;
+  }
+
+  __device__ int64_t row_of(int64_t i) const { return L.first + i * L.step; }
+  __device__ void fetch(int64_t i) const { staged.fetch(i, row_of(i), from, ring.bar(i)); }
+  __device__ void start() const {
+    ring.start(count, [&](int64_t i) { fetch(i); });
+  }
+  __device__ void refill(int64_t i) const {
+    ring.refill(i, [&](int64_t k) { fetch(k); });
+  }
+  // This thread's weight vectors (held in registers for all its rows).
+  template <typename W>
+  __device__ void load_weight(const W* w, RawWeight<W, V> (&wv)[kVpt]) const {
+#pragma unroll
+    for (int j = 0; j < kVpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * L.row_threads + L.u, staged.nv);
   }
 };
 

@@ -57,15 +57,10 @@ __device__ __forceinline__ AccT row_max(AccT v, int group, int cluster, cuda::Bl
   v = block_max(v, scratch);
   if (cluster == 1) return v;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
   if (threadIdx.x == 0) slots[parity] = v;
-  cl.sync();
-  for (int r = 0; r < cluster; ++r) v = fp8_amax(v, *cl.map_shared_rank(slots + parity, r));
-  return v;
-#else
-  __trap();  // clusters are only chosen on sm_90 and newer
-  return v;
+  cooperative_groups::this_cluster().barrier_arrive();
 #endif
+  return cluster_slots_fold(slots, parity, cluster, v, [](AccT a, AccT b) { return fp8_amax(a, b); });
 }
 
 // v[0 .. V) as R (exact: the values are R's already), held as raw words.

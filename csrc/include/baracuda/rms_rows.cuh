@@ -139,6 +139,22 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
+// Waits at the cluster barrier (this CTA has arrived, its value in slots[parity]), then
+// folds the cluster's CTAs' slots[parity] into init with op, in rank order: the same
+// bits in every CTA of the cluster.
+template <typename AccT, typename Op>
+__device__ __forceinline__ AccT cluster_slots_fold(AccT* slots, int parity, int cluster, AccT init, Op&& op) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  cl.barrier_wait();
+  for (int rank = 0; rank < cluster; ++rank) init = op(init, *cl.map_shared_rank(slots + parity, rank));
+  return init;
+#else
+  __trap();  // clusters are only chosen on sm_90 and newer
+  return init;
+#endif
+}
+
 // Sum of v over the threads of one row, identical (bit for bit) in all of them:
 // the `group` lanes of a sub-warp (fixed xor butterfly), or the whole CTA
 // (cuda::block_sum), then the `cluster` CTAs of the row, whose sums are read
@@ -161,18 +177,11 @@ __device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, cuda::Bl
     return v;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
   if (threadIdx.x == 0) slots[parity] = v;
-  cl.barrier_arrive();
-  while_waiting();
-  cl.barrier_wait();
-  AccT total = 0;
-  for (int r = 0; r < cluster; ++r) total += *cl.map_shared_rank(slots + parity, r);
-  return total;
-#else
-  __trap();
-  return v;
+  cooperative_groups::this_cluster().barrier_arrive();
 #endif
+  while_waiting();
+  return cluster_slots_fold(slots, parity, cluster, AccT(0), [](AccT a, AccT b) { return a + b; });
 }
 
 namespace {
