@@ -160,8 +160,8 @@ CASES = [
     # run one wave of row groups, each writing a dW partial row (dw_sum 3); without a dW, none.
     ("rms_norm_backward", [0, 4096, 2], BF16, "empty", dict(row_groups=0, dw_sum=DW_NONE), 0),
     ("rms_norm_backward", [4096, 0, 2], BF16, "empty", dict(row_groups=0, dw_sum=DW_NONE), 0),
-    ("rms_norm_backward", [4096, 1024, 2], BF16, "warp_rows",
-     dict(group=32, block=256, smem=256 * 4 * 8 * 4, row_groups=2 * SMS, dw_sum=DW_ORDERED), 2 * SMS * 1024 * 4),
+    ("rms_norm_backward", [8192, 512, 2], BF16, "warp_rows",
+     dict(group=16, block=256, smem=256 * 4 * 8 * 4, row_groups=2 * SMS, dw_sum=DW_ORDERED), 2 * SMS * 512 * 4),
     # Rows of one CTA of 512 threads and float32 rows: the register kernel, dW slots in shared
     # memory, on either device (half-input rows of fewer threads: BANDWIDTH_CASES).
     ("rms_norm_backward", [1024, 16384, 2], BF16, "cta_row", dict(block=512, stages=0, smem=512 * 4 * 8 * 4), None),
@@ -317,6 +317,17 @@ BANDWIDTH_CASES = [
     # No more rows than SMs: a row or none a cluster, nothing to overlap; the register kernel.
     ("rms_norm", [SMS, 65536], BF16,
      {"h200": ("cluster_row", dict(cluster=2, vpt=8, stages=0)), "h100": ("cluster_row", dict(cluster=2, vpt=8))}),
+    # Half-input rows of a whole warp: on an H200 a CTA of 32 threads each, streamed (12 KB of
+    # stages: the modelled 16 CTAs an SM, by the kernel's 128-register budget); on an H100
+    # eight a 256-thread CTA, in registers.
+    ("rms_norm_backward", [131072, 1024, 2], BF16,
+     {"h200": ("streamed_row", dict(group=32, block=32, stages=3, smem=3 * 2 * 4 * 32 * 16, row_groups=16 * SMS,
+                                    dw_sum=DW_ORDERED)),
+      "h100": ("warp_rows", dict(group=32, block=256, stages=0, smem=256 * 4 * 8 * 4, row_groups=2 * SMS,
+                                 dw_sum=DW_ORDERED))}),
+    ("rms_norm_backward", [4096, 768, 0], F16,
+     {"h200": ("streamed_row", dict(group=32, block=32, stages=3, dw_sum=DW_NONE)),
+      "h100": ("warp_rows", dict(group=32, block=256, dw_sum=DW_NONE))}),
     ("rms_norm_backward", [1024, 4096, 2], BF16,
      {"h200": ("streamed_row", dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS,
                                     dw_sum=DW_ORDERED)),

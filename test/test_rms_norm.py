@@ -229,12 +229,14 @@ def test_forward_rows_streamed(device, dtype, wdt, n, cluster, m):
 
 
 @pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 2048), (torch.bfloat16, torch.float32, 5120),
-                                         (torch.float16, None, 8192), (torch.float16, torch.float16, 1032)])
-@pytest.mark.parametrize("m", [133, 1000])
+                                         (torch.float16, None, 8192), (torch.float16, torch.float16, 1032),
+                                         (torch.bfloat16, torch.bfloat16, 1024), (torch.float16, torch.float32, 776)])
+@pytest.mark.parametrize("m", [133, 1000, 5000])
 def test_backward_rows_of_one_cta_streamed(device, dtype, wdt, n, m):
     # Half-input rows of one CTA take the streamed kernel: rows staged three ahead, CTAs of
     # fewer rows than stages (m = 133: one or two rows a CTA), a last chunk partly past the
-    # row (n = 1032: 129 vectors over 64 threads), no weight, and each output alone.
+    # row (n = 1032: 129 vectors over 64 threads; n = 776: 97 vectors over a warp's 4 x 32),
+    # rows of one warp (n = 1024, 776), no weight, and each output alone.
     if device.type != "cuda":
         pytest.skip("the streamed kernel: CUDA only (the CPU path is covered by the row sweep)")
     assert rms_config(m, n, dtype, backward=True, dw_dtype=wdt).kind == "streamed_row"
@@ -255,7 +257,8 @@ def test_backward_rows_of_one_cta_streamed(device, dtype, wdt, n, m):
 
 
 @pytest.mark.big_memory
-@pytest.mark.parametrize("n,wdt,kernel", [(1024, torch.bfloat16, "warp_rows"), (8192, torch.bfloat16, "cta_row"),
+@pytest.mark.parametrize("n,wdt,kernel", [(1024, torch.bfloat16, "warp_rows"), (1024, torch.float32, "streamed_row"),
+                                          (8192, torch.bfloat16, "cta_row"),
                                           (65536, torch.bfloat16, "streamed_cluster_row"),
                                           (262144, torch.bfloat16, "cluster_row"),
                                           (4096, torch.float32, "streamed_row"),

@@ -250,17 +250,24 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   //    the register kernel, whose next row's loads wait for this row's dx, reaches
   //    0.76-0.83. With one CTA an SM (N = 16384) the register kernel is faster, as it is at
   //    every float32 row length;
+  //  - rows of a whole warp (N = 520 ... 1024), each a CTA of 32 threads, on the same
+  //    devices: the register kernel's CTAs of 8 such rows take 116-124 registers a thread,
+  //    two CTAs an SM, and reach 0.85 of copy; a 32-thread CTA stages 12 KB, about 16 an SM;
   //  - cluster rows with a float32 dW (a float32 weight), one CTA per SM: the weight's
   //    32-byte vectors cost the register kernel more than the streamed kernel's barriers
   //    cost it; for the other dtypes two register CTAs per SM are faster, since with 16
   //    warps an SM the streamed kernel's block and cluster barriers stall the whole SM.
   if (backward && !looped && !decode && c.vpt == kVpt && c.vec * elem == 16 && elem == 2) {
-    const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * c.block * 16;
-    const bool cta_rows = f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth && c.cluster == 1 &&
-                          c.group == c.block && 2 * (smem + 1024) <= f.smem_per_sm;
+    const bool h200_class = f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth;
+    const bool warp_rows = h200_class && c.group == 32 && c.block > c.group;
+    const int block = warp_rows ? c.group : c.block;
+    const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * block * 16;
+    const bool cta_rows = h200_class && c.cluster == 1 && (c.group == c.block || warp_rows) &&
+                          2 * (smem + 1024) <= f.smem_per_sm;
     const bool cluster_rows = c.cluster > 1 && p.dw_elem == 4;
     if ((cta_rows || cluster_rows) && smem + 1024 <= f.smem_per_block_optin) {
       streamed = true;
+      c.block = block;
       c.stages = kStreamStages;
       c.ctas_per_sm = 1;
       c.smem = smem;
