@@ -224,28 +224,40 @@ template <int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typenam
 }
 
 // Max mode: out[d] = the bag's largest row value in column d (the first of equals;
-// an empty bag gives zeros), pos[d] = its position.
+// an empty bag gives zeros), pos[d] = its position: the bag's first row, then each
+// later row's values where they are greater. The update is a select, not a branch:
+// which rows win a column is data, and a branch on it mispredicts about one time in
+// six over a bag of 20 random rows.
 template <int kBytes, typename scalar_t, typename acc_t, typename index_t>
 [[gnu::always_inline]] inline void max_bag(const scalar_t* weight, const index_t* indices, int64_t D, int64_t N,
                                            int64_t padding_idx, int64_t begin, int64_t end, acc_t* acc,
                                            int64_t* pos, scalar_t* out) {
-  std::fill(pos, pos + D, int64_t(-1));
-  bool first = true;
-  for (int64_t i = begin; i < end; ++i) {
+  int64_t i = begin;
+  for (; i < end && static_cast<int64_t>(indices[i]) == padding_idx; ++i) {
+  }
+  if (i == end) {  // no row: zeros, no position
+    std::fill(pos, pos + D, int64_t(-1));
+    std::fill(acc, acc + D, acc_t(0));
+  } else {
     prefetch_entry(weight, indices, i, N, D);
-    const int64_t idx = static_cast<int64_t>(indices[i]);
-    if (idx == padding_idx) continue;
-    const scalar_t* row = weight + idx * D;
+    const scalar_t* first = weight + static_cast<int64_t>(indices[i]) * D;
     for (int64_t d = 0; d < D; ++d) {
-      const acc_t v = static_cast<acc_t>(row[d]);
-      if (first || v > acc[d]) {
-        acc[d] = v;
-        pos[d] = i;
+      acc[d] = static_cast<acc_t>(first[d]);
+      pos[d] = i;
+    }
+    for (++i; i < end; ++i) {
+      prefetch_entry(weight, indices, i, N, D);
+      const int64_t idx = static_cast<int64_t>(indices[i]);
+      if (idx == padding_idx) continue;
+      const scalar_t* row = weight + idx * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const acc_t v = static_cast<acc_t>(row[d]);
+        const bool greater = v > acc[d];
+        acc[d] = greater ? v : acc[d];
+        pos[d] = greater ? i : pos[d];
       }
     }
-    first = false;
   }
-  if (first) std::fill(acc, acc + D, acc_t(0));
   cpu::store_from_acc<kBytes>(out, acc, D);
 }
 
