@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
         out.v[e] = static_cast<T>(r * cuda::raw_elem<AccT, T, V>(gv, e) * wv[j].template at<AccT>(e) -
                                   cuda::raw_elem<AccT, T, V>(xv, e) * k);
       }
-      cuda::store_vec<T, V>(dx + row * N + int64_t(j * rows.L.row_threads + rows.L.u) * V, out);
+      cuda::store_vec<T, V>(dx + row * N + int64_t(j * rows.staged.L.row_threads + rows.staged.L.u) * V, out);
     }
   };
   if (rows.count > 0) {
@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     }
   }
   if (want_dw) {
-    store_thread_dw<Vpt, V>(rows.L, cluster, rows.staged.nv, N, partials, dw_direct, [&](int k) { return dw[k]; });
+    store_thread_dw<Vpt, V>(rows.staged.L, cluster, rows.staged.nv, N, partials, dw_direct,
+                            [&](int k) { return dw[k]; });
   }
   cg::this_cluster().sync();  // no CTA leaves while another still reads its slots
 #else

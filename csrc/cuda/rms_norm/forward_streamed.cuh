@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
   const auto write_y = [&](int64_t i, AccT ss) {
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
     const int64_t row = rows.row_of(i);
-    if (rows.L.u == 0) rstd[row] = r;
+    if (rows.staged.L.u == 0) rstd[row] = r;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       if (!rows.staged.mine(j)) continue;
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
       for (int e = 0; e < V; ++e) {
         out.v[e] = static_cast<T>(cuda::raw_elem<AccT, T, V>(xv, e) * r * wv[j].template at<AccT>(e));
       }
-      cuda::store_vec<T, V>(y + row * N + int64_t(j * rows.L.row_threads + rows.L.u) * V, out);
+      cuda::store_vec<T, V>(y + row * N + int64_t(j * rows.staged.L.row_threads + rows.staged.L.u) * V, out);
     }
   };
   if (rows.count > 0) rows.sum.publish(squares(0), 0);

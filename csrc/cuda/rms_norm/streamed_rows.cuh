@@ -89,7 +89,6 @@ struct ClusterRowSum {
 template <typename T, typename AccT, int V, int kTensors>
 struct StreamedRows {
   static constexpr int kStages = kStreamStages;
-  RowLayout L;
   StagedRowSlices<T, V, kVpt, kTensors, kStages> staged;
   cuda::BulkStageRing<kStages> ring;
   ClusterRowSum<AccT> sum;
@@ -103,18 +102,17 @@ struct StreamedRows {
     __shared__ AccT slots[2];
     __shared__ uint64_t full[kStages];
     const RowLayout L(blockDim.x, cluster);
-    StreamedRows s{L,
-                   {reinterpret_cast<cuda::RawVec<T, V>*>(rms_smem), L, N / V, N},
-                   {full, kStages},
-                   {scratch, slots, cluster},
-                   L.first < M ? (M - 1 - L.first) / L.step + 1 : 0,
-                   {}};
+    StreamedRows s{{reinterpret_cast<cuda::RawVec<T, V>*>(rms_smem), L, N / V, N},
+                  {full, kStages},
+                  {scratch, slots, cluster},
+                  L.first < M ? (M - 1 - L.first) / L.step + 1 : 0,
+                  {}};
 #pragma unroll
     for (int t = 0; t < kTensors; ++t) s.from[t] = from[t];
     return s;
   }
 
-  __device__ int64_t row_of(int64_t i) const { return L.first + i * L.step; }
+  __device__ int64_t row_of(int64_t i) const { return staged.L.first + i * staged.L.step; }
   __device__ void fetch(int64_t i) const { staged.fetch(i, row_of(i), from, ring.bar(i)); }
   __device__ void start() const {
     ring.start(count, [&](int64_t i) { fetch(i); });
@@ -126,7 +124,7 @@ struct StreamedRows {
   template <typename W>
   __device__ void load_weight(const W* w, RawWeight<W, V> (&wv)[kVpt]) const {
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * L.row_threads + L.u, staged.nv);
+    for (int j = 0; j < kVpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * staged.L.row_threads + staged.L.u, staged.nv);
   }
 };
 
