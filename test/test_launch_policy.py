@@ -220,26 +220,31 @@ CASES = [
           dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
     # rms_norm_fused (and rms_norm_quant): [M, N, H]. Rows of whole 16-byte vectors in registers,
     # 4 vectors a thread, 8 past 512 threads, then 1024 x 8, then a cluster of 512 x 8 (float64:
-    # 1024 threads x 4, then x 8, no clusters); a row group (CTA or cluster) per row group while the device holds them (by
-    # threads: 2048 an SM). Decode rows (no more than SMS): 2 vectors a thread, 4 past 256
+    # 1024 threads x 4, then x 8, no clusters). Rows of 4 vectors a thread: a CTA per row group;
+    # of 8: a row group (CTA or cluster) per row group while the device holds them (by threads:
+    # 2048 an SM), one wave. Decode rows (no more than SMS): 2 vectors a thread, 4 past 256
     # threads, the weight loaded with x. Rows not of whole vectors, or longer than registers hold:
     # a CTA a row.
     ("rms_norm_fused", [0, 4096, 1], BF16, "empty", dict(row_groups=0), 0),
     ("rms_norm_fused", [4096, 4096, 1], BF16, "register_rows",
-     dict(threads=128, group=128, vpt=4, cluster=1, row_groups=16 * SMS), 0),
-    ("rms_norm_fused", [4096, 32768, 1], BF16, "register_rows", dict(threads=512, vpt=8, row_groups=4 * SMS), 0),
+     dict(threads=128, group=128, vpt=4, cluster=1, row_groups=4096, one_wave=0), 0),
+    ("rms_norm_fused", [131072, 1024, 1], BF16, "register_rows",
+     dict(threads=256, group=32, vpt=4, row_groups=131072 // 8, one_wave=0), 0),
+    ("rms_norm_fused", [4096, 32768, 1], BF16, "register_rows",
+     dict(threads=512, vpt=8, row_groups=4 * SMS, one_wave=1), 0),
     ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows", dict(threads=1024, vpt=8, row_groups=2 * SMS), 0),
     ("rms_norm_fused", [4096, 32768, 1], F32, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [4096, 131072, 1], BF16, "cluster_rows",
-     dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS), 0),
+     dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS, one_wave=1), 0),
     ("rms_norm_quant", [4096, 65536, 1], F32, "cluster_rows", dict(cluster=4, vpt=8, row_groups=SMS), 0),
     ("rms_norm_fused", [64, 8192, 1], F64, "register_rows", dict(threads=1024, vpt=4), 0),
     ("rms_norm_fused", [64, 16384, 1], F64, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [64, 32768, 1], F64, "cta_rows", dict(threads=1024, row_groups=64), 0),
     ("rms_norm_fused", [SMS + 1, 4096, 1], BF16, "register_rows", dict(threads=128, vpt=4), 0),
-    ("rms_norm_fused", [4096, 1000, 1], F16, "register_rows", dict(threads=256, group=32, vpt=4, row_groups=512), 0),
+    ("rms_norm_fused", [4096, 1000, 1], F16, "register_rows",
+     dict(threads=256, group=32, vpt=4, row_groups=512, one_wave=0), 0),
     ("rms_norm_fused", [1, 4096, 1], BF16, "decode_rows", dict(threads=256, group=256, vpt=2, row_groups=1), 0),
-    ("rms_norm_fused", [8, 8192, 1], BF16, "decode_rows", dict(threads=256, vpt=4, row_groups=8), 0),
+    ("rms_norm_fused", [8, 8192, 1], BF16, "decode_rows", dict(threads=256, vpt=4, row_groups=8, one_wave=0), 0),
     ("rms_norm_fused", [SMS, 1024, 1], BF16, "decode_rows", dict(threads=64, vpt=2, row_groups=SMS), 0),
     ("rms_norm_fused", [5, 8, 2], F32, "decode_rows", dict(threads=256, group=1, vpt=2, row_groups=1), 0),
     ("rms_norm_fused", [1, 16384, 1], BF16, "register_rows", dict(threads=512, vpt=4, row_groups=1), 0),

@@ -98,10 +98,10 @@ struct FusedForwardArgs {
 };
 
 // Forward (kQuant: rms_norm_quant) of rows in registers (register and decode rows, and cluster
-// rows: a row over `cluster` CTAs); see common.cuh. kWeightWithX (decode rows): the row's x, r
-// and weight vectors are all loaded before any is used, the weight held as loaded, so the
-// stores wait for one round trip to memory (not one per vector, and the weight's after the
-// row's sum); its CTAs of at most kDecodeMaxThreads may take the registers that needs.
+// rows: a row over `cluster` CTAs); see common.cuh. kWeightWithX (decode rows): the row's
+// weight vectors are loaded with x and r and held as loaded, so the stores wait for one round
+// trip to memory (not the weight's after the row's sum); its CTAs of at most
+// kDecodeMaxThreads may take the registers that needs.
 // kClusterRows: `cluster` is read (else 1, and the kernel is the one-CTA rows' alone, which
 // takes fewer registers).
 template <bool kQuant, bool kWeightWithX, bool kClusterRows, typename T, typename R, typename W, typename OutT,
@@ -122,19 +122,23 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
     const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
     cuda::RawVec<R, V> hv[Vpt] = {};
     cuda::RawVec<W, V> wv[kWeightWithX ? Vpt : 1] = {};
-    // Decode rows: every load of the row issued before any is used (the h stores below may
-    // alias x and r for the compiler, which then keeps each vector's loads after the previous
-    // vector's store). The other rows load vector by vector (x and r of all 8 vectors at once
-    // would not fit their 64 registers).
-    cuda::RawVec<T, V> xs[kWeightWithX ? Vpt : 1] = {};
-    cuda::RawVec<R, V> rs[kWeightWithX ? Vpt : 1] = {};
-    if constexpr (kWeightWithX) {
+    // Rows of at most 4 vectors a thread (decode and register rows): every load of the row's
+    // x and r (decode rows: and weight) is issued before any is used, since the h stores below
+    // may alias x and r for the compiler, which would keep each vector's loads after the
+    // previous vector's store (one round trip to memory a vector, not one a row). Rows of 8
+    // vectors load vector by vector: x and r of all 8 at once spill at 64 registers.
+    constexpr bool kLoadsFirst = Vpt <= 4;
+    cuda::RawVec<T, V> xs[kLoadsFirst ? Vpt : 1] = {};
+    cuda::RawVec<R, V> rs[kLoadsFirst ? Vpt : 1] = {};
+    if constexpr (kLoadsFirst) {
 #pragma unroll
       for (int j = 0; j < Vpt; ++j) {
         const int q = j * L.row_threads + L.u;
         if (!live || q >= nv) continue;
         const int64_t at = row * N + int64_t(q) * V;
-        if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+        if constexpr (kWeightWithX) {
+          if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+        }
         xs[j] = cuda::load_raw<T, V>(a.x + at);
         if (a.res != nullptr) rs[j] = load_row_raw<R, V>(a.res + at);
       }
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
       if (!live || q >= nv) continue;
       const int64_t at = row * N + int64_t(q) * V;
       cuda::RawVec<T, V> xv;
-      if constexpr (kWeightWithX) {
+      if constexpr (kLoadsFirst) {
         xv = xs[j];
       } else {
         xv = cuda::load_raw<T, V>(a.x + at);
@@ -154,7 +158,7 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
         if constexpr (std::is_same_v<R, T>) hv[j] = xv;
       } else {
         cuda::RawVec<R, V> rv;
-        if constexpr (kWeightWithX) {
+        if constexpr (kLoadsFirst) {
           rv = rs[j];
         } else {
           rv = load_row_raw<R, V>(a.res + at);

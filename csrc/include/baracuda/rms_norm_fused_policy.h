@@ -84,6 +84,8 @@ struct FusedLaunchConfig {
   int stages = 0;       // kStreamedRows: rows of dy, h and dres staged in shared memory
   int64_t smem = 0;     // kStreamedRows: their dynamic shared-memory bytes per CTA
   int64_t ctas = 0;     // row groups (CTAs, or clusters) launched at most; backward: dW partial rows
+  bool one_wave = true;  // register kinds: the launch is cut to one wave of the compiled kernel
+                         // (its rows by grid stride); else a CTA (or cluster) per row group
   int64_t workspace = 0;  // backward: bytes of the dW partial rows
 
   bool register_kind() const {
@@ -120,10 +122,16 @@ inline int fused_cta_threads(int64_t N) {
 // (at 8192 vectors, 1024 × 8 measured 2–4% faster than a cluster of two 512 × 8); rows longer
 // than that a cluster of 512 × 8 (sm_90): at N = 65536 float32 0.80 of copy, where the
 // CTA-per-row kernel reaches 0.64. float64 rows: CTAs of up to 1024 threads × 4 or 8 (its
-// cluster rows would spill), else the CTA-per-row kernel. A CTA
-// (or cluster) per row group while the device holds them, the rest by grid-stride. Decode
-// rows: the fewest vectors (2 or 4) that keep a row within kDecodeMaxThreads, whose launch of
-// a single wave loads each weight vector once per CTA whenever it loads it.
+// cluster rows would spill), else the CTA-per-row kernel. Rows of 4 vectors a thread load
+// all of a row's x and r before the first use and launch a CTA per row group: CTAs that
+// finish make room for new ones, whose loads overlap the others' sums and stores (0.98-1.01
+// of copy on an H200 at N = 1024 ... 16384, where row groups persisting for one wave and
+// loading vector by vector reached 0.92-0.96, and either change alone 0.88-0.99). Rows of 8
+// vectors (x and r of all 8 would spill) load vector by vector, a CTA (or cluster) per row
+// group while the device holds them, the rest by grid stride (a CTA per row group was 1-6%
+// slower there). Decode rows: the fewest vectors (2 or 4) that keep a row within
+// kDecodeMaxThreads, whose launch of a single wave loads each weight vector once per CTA
+// whenever it loads it.
 inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const DeviceFacts& f) {
   using namespace fused;
   FusedLaunchConfig c;
@@ -165,7 +173,9 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
   c.vpt = vpt;
   c.threads = group > 32 ? group : kRowsBlock;
   const int64_t row_groups = ceil_div<int64_t>(p.M, c.threads / group);
-  c.ctas = std::max<int64_t>(1, std::min(row_groups, fused_resident_ctas(c.threads, f) / c.cluster));
+  c.one_wave = vpt > 4;
+  c.ctas = c.one_wave ? std::max<int64_t>(1, std::min(row_groups, fused_resident_ctas(c.threads, f) / c.cluster))
+                      : row_groups;
   return c;
 }
 
@@ -297,7 +307,7 @@ inline LaunchConfigView fused_view(const FusedLaunchConfig& c) {
   v.kind = fused_kernel_name(c.kind);
   v.params = {{"threads", c.threads}, {"group", c.group},         {"cluster", c.cluster},
               {"vpt", c.vpt},         {"ctas_per_sm", c.min_ctas}, {"stages", c.stages},
-              {"smem", c.smem},       {"row_groups", c.ctas}};
+              {"smem", c.smem},       {"row_groups", c.ctas},        {"one_wave", c.one_wave}};
   v.workspace_bytes = c.workspace;
   return v;
 }
