@@ -219,8 +219,8 @@ CASES = [
      dict(cluster=4, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4,
           dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
     # rms_norm_fused (and rms_norm_quant): [M, N, H]. Rows of whole 16-byte vectors in registers,
-    # 4 vectors a thread, 8 past 512 threads, then 1024 x 8, then a cluster of 512 x 8 (float64:
-    # 1024 threads x 4, then x 8, no clusters). Rows of 4 vectors a thread: a CTA per row group;
+    # 4 vectors a thread up to 1024 threads, then 1024 x 8, then a cluster of 512 x 8 (float64: no
+    # clusters). Rows of 4 vectors a thread: a CTA per row group;
     # of 8: a row group (CTA or cluster) per row group while the device holds them (by threads:
     # 2048 an SM), one wave. Decode rows (no more than SMS): 2 vectors a thread, 4 past 256
     # threads, the weight loaded with x. Rows not of whole vectors, or longer than registers hold:
@@ -231,8 +231,11 @@ CASES = [
     ("rms_norm_fused", [131072, 1024, 1], BF16, "register_rows",
      dict(threads=256, group=32, vpt=4, row_groups=131072 // 8, one_wave=0), 0),
     ("rms_norm_fused", [4096, 32768, 1], BF16, "register_rows",
-     dict(threads=512, vpt=8, row_groups=4 * SMS, one_wave=1), 0),
-    ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows", dict(threads=1024, vpt=8, row_groups=2 * SMS), 0),
+     dict(threads=1024, vpt=4, row_groups=4096, one_wave=0), 0),
+    ("rms_norm_fused", [4096, 16384, 1], F32, "register_rows",
+     dict(threads=1024, vpt=4, row_groups=4096, one_wave=0), 0),
+    ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows",
+     dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1), 0),
     ("rms_norm_fused", [4096, 32768, 1], F32, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [4096, 131072, 1], BF16, "cluster_rows",
      dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS, one_wave=1), 0),

@@ -116,20 +116,19 @@ inline int fused_cta_threads(int64_t N) {
   return static_cast<int>(std::clamp<int64_t>(want, 32, fused::kMaxThreads));
 }
 
-// Forward (rms_norm_fused, rms_norm_quant): 4 vectors a thread, 8 for longer rows (the held
-// h is 16 or 32 registers), in CTAs of up to 512 threads (two an SM: at N = 32768 bf16, 512 ×
-// 8 reach 0.91 of copy on an H200 where 1024 × 4 reach 0.84), then of up to 1024 threads × 8
-// (at 8192 vectors, 1024 × 8 measured 2–4% faster than a cluster of two 512 × 8); rows longer
-// than that a cluster of 512 × 8 (sm_90): at N = 65536 float32 0.80 of copy, where the
-// CTA-per-row kernel reaches 0.64. float64 rows: CTAs of up to 1024 threads × 4 or 8 (its
-// cluster rows would spill), else the CTA-per-row kernel. Rows of 4 vectors a thread load
-// all of a row's x and r before the first use and launch a CTA per row group: CTAs that
-// finish make room for new ones, whose loads overlap the others' sums and stores (0.98-1.01
-// of copy on an H200 at N = 1024 ... 16384, where row groups persisting for one wave and
-// loading vector by vector reached 0.92-0.96, and either change alone 0.88-0.99). Rows of 8
-// vectors (x and r of all 8 would spill) load vector by vector, a CTA (or cluster) per row
-// group while the device holds them, the rest by grid stride (a CTA per row group was 1-6%
-// slower there). Decode rows: the fewest vectors (2 or 4) that keep a row within
+// Forward (rms_norm_fused, rms_norm_quant): 4 vectors a thread in CTAs of up to 1024
+// threads, then 1024 threads × 8 (the held h is 16 or 32 registers); rows longer than that a
+// cluster of 512 × 8 (sm_90): at N = 65536 float32 0.80 of copy, where the CTA-per-row kernel
+// reaches 0.64 (at 8192 vectors, 1024 × 8 measured 2–4% faster than a cluster of two 512 × 8).
+// float64 rows: no clusters (they would spill), past 1024 × 8 the CTA-per-row kernel.
+// Rows of 4 vectors a thread load all of a row's x and r before the first use and launch a
+// CTA per row group: CTAs that finish make room for new ones, whose loads overlap the others'
+// sums and stores (on an H200 0.96–1.00 of copy at N = 1024 … 32768 bf16, where row groups
+// persisting for one wave and loading vector by vector reached 0.87–0.96, and either change
+// alone 0.88–0.99; at N = 32768 bf16, 1024 × 4 reach 0.96 where 512 × 8 reached 0.87–0.91).
+// Rows of 8 vectors (x and r of all 8 would spill) load vector by vector, a CTA (or cluster)
+// per row group while the device holds them, the rest by grid stride (a CTA per row group
+// was 1–6% slower there). Decode rows: the fewest vectors (2 or 4) that keep a row within
 // kDecodeMaxThreads, whose launch of a single wave loads each weight vector once per CTA
 // whenever it loads it.
 inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const DeviceFacts& f) {
@@ -144,8 +143,7 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
     return c;
   }
   const int64_t nv = p.N / V;
-  auto [group, vpt] = fused_row_split(nv, {4, 8}, p.elem <= 4 ? kBwdMaxThreads : kMaxThreads);
-  if (group == 0) std::tie(group, vpt) = fused_row_split(nv, {8}, kMaxThreads);
+  auto [group, vpt] = fused_row_split(nv, {4, 8}, kMaxThreads);
   c.kind = FusedKernel::kRegisterRows;
   if (group == 0 && f.clusters() && p.elem <= 4) {
     const int64_t cluster = ceil_div<int64_t>(ceil_div<int64_t>(nv, 8), kBwdMaxThreads);
