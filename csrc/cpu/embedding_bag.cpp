@@ -74,8 +74,9 @@ void check_bag_values(const char* op, const int64_t* offset2bag, int64_t n, int6
 // prefetch per 64-byte line. Issued one row per entry, between the row's work,
 // the requests spread over the bag instead of coming as a burst of a whole
 // bag's rows, which stalls on the core's queue of outstanding misses. The sum's
-// loop, a few instructions per line, looks kSumPrefetchAhead entries on (32
-// ahead it was 10% slower on a 2.5 MB table).
+// loop, a few instructions per line, looks kSumPrefetchAhead entries on, as
+// FBGEMM's kernel does (8 ahead was 2-4% slower, 32 ahead 10% slower on a
+// 2.5 MB table).
 constexpr int64_t kPrefetchAhead = 32;
 constexpr int64_t kSumPrefetchAhead = 16;
 
