@@ -805,6 +805,12 @@ baracuda::embedding_bag_per_sample_weights_backward.out(Tensor grad, Tensor weig
         self.assertExpectedRaisesInline(
             IndexError, lambda: baracuda_ops.embedding_bag(idx, self.w, self.off), """baracuda::embedding_bag: indices[2] = 10 is out of range for 10 embeddings (expected 0 <= index < 10)""")
 
+    def test_index_out_of_range_in_no_bag(self):
+        # the positions after the last bag (include_last_offset) are summed by no bag, and checked all the same
+        idx = torch.tensor([1, 2, 10])
+        self.assertExpectedRaisesInline(
+            IndexError, lambda: baracuda_ops.embedding_bag(idx, self.w, torch.tensor([0, 2]), include_last_offset=True), """baracuda::embedding_bag: indices[2] = 10 is out of range for 10 embeddings (expected 0 <= index < 10)""")
+
     def test_negative_index(self):
         idx = torch.tensor([1, -1, 3])
         self.assertExpectedRaisesInline(

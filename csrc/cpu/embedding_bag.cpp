@@ -302,12 +302,15 @@ bool bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
     bag_range(offsets, g.num_bags - 1, g.num_offsets, g.fixed_len, g.num_indices, last_begin, covered, last_bad);
   }
   std::fill(offset2bag + covered, offset2bag + g.num_indices, int64_t(-1));
-  std::atomic<bool> out_of_range{false};
-  const SumRows<scalar_t, index_t> rows{weight,        indices,
-                                        psw,           D,
-                                        g.num_indices, g.padding_idx,
-                                        static_cast<uint64_t>(g.num_weights), g.mode == kModeMean,
-                                        offset2bag,    &out_of_range};
+  // The positions in no bag are never summed: their indices are tested here.
+  const uint64_t V = static_cast<uint64_t>(g.num_weights);
+  bool tail_out_of_range = false;
+  for (int64_t i = covered; i < g.num_indices; ++i) {
+    tail_out_of_range |= static_cast<uint64_t>(static_cast<int64_t>(indices[i])) >= V;
+  }
+  std::atomic<bool> out_of_range{tail_out_of_range};
+  const SumRows<scalar_t, index_t> rows{
+      weight, indices, psw, D, g.num_indices, g.padding_idx, V, g.mode == kModeMean, offset2bag, &out_of_range};
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
   at::parallel_for(0, g.num_bags, grain, [&](int64_t bag_begin, int64_t bag_end) {
     std::vector<acc_t> acc(g.mode == kModeMax ? D : 0);
