@@ -125,7 +125,7 @@ inline int fused_cta_threads(int64_t N) {
 // CTA per row group: CTAs that finish make room for new ones, whose loads overlap the others'
 // sums and stores (on an H200 0.96–1.00 of copy at N = 1024 … 32768 bf16, where row groups
 // persisting for one wave and loading vector by vector reached 0.87–0.96, and either change
-// alone 0.88–0.99; at N = 32768 bf16, 1024 × 4 reach 0.96 where 512 × 8 reached 0.87–0.91).
+// alone 0.88–1.00; at N = 32768 bf16, 1024 × 4 reach 0.96 where 512 × 8 reached 0.87–0.91).
 // Rows of 8 vectors (x and r of all 8 would spill) load vector by vector, a CTA (or cluster)
 // per row group while the device holds them, the rest by grid stride (a CTA per row group
 // was 1–6% slower there). Decode rows: the fewest vectors (2 or 4) that keep a row within
