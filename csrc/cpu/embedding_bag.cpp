@@ -382,11 +382,9 @@ void embedding_bag_out_cpu(const at::Tensor& weight, const at::Tensor& indices_i
                            const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
                            int64_t padding_idx, const at::Tensor& output, const at::Tensor& offset2bag,
                            const at::Tensor& bag_size, const at::Tensor& max_positions) {
-  const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
-                                     padding_idx);
-  check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
-  check_embedding_bag_no_overlap(weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size,
-                                 max_positions);
+  const auto g = check_embedding_bag_out(weight, indices_in, offsets_in, mode, per_sample_weights,
+                                         include_last_offset, padding_idx, output, offset2bag, bag_size,
+                                         max_positions, [](const at::Tensor&) {});
   forward_cpu(g, weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size, max_positions,
               /*outputs_shared=*/true);
 }

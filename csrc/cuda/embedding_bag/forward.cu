@@ -141,12 +141,9 @@ void embedding_bag_out_cuda(const at::Tensor& weight, const at::Tensor& indices_
                             const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
                             int64_t padding_idx, const at::Tensor& output, const at::Tensor& offset2bag,
                             const at::Tensor& bag_size, const at::Tensor& max_positions) {
-  const auto g = check_embedding_bag(weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset,
-                                     padding_idx);
-  check_embedding_bag_outputs(g, weight, output, offset2bag, bag_size, max_positions);
-  cuda::check_out_aligned(kEmbeddingBagOp, "output", output);
-  check_embedding_bag_no_overlap(weight, indices_in, offsets_in, per_sample_weights, output, offset2bag, bag_size,
-                                 max_positions);
+  const auto g = check_embedding_bag_out(
+      weight, indices_in, offsets_in, mode, per_sample_weights, include_last_offset, padding_idx, output, offset2bag,
+      bag_size, max_positions, [](const at::Tensor& out) { cuda::check_out_aligned(kEmbeddingBagOp, "output", out); });
   const c10::cuda::CUDAGuard guard(weight.device());
   cuda::check_device_arch(kEmbeddingBagOp);
   if (g.num_bags == 0) {

@@ -122,11 +122,19 @@ inline std::vector<int64_t> max_positions_shape(const BagGeometry& g) {
   return g.mode == kModeMax ? std::vector<int64_t>{g.num_bags, g.dim} : std::vector<int64_t>{0};
 }
 
-// The out-variant's four outputs.
-inline void check_embedding_bag_outputs(const BagGeometry& g, const at::Tensor& weight, const at::Tensor& output,
-                                        const at::Tensor& offset2bag, const at::Tensor& bag_size,
-                                        const at::Tensor& max_positions) {
+// The out-variant's arguments: check_embedding_bag's, then its four outputs (shape,
+// dtype, device, contiguity), then check_output(output) (a backend's own demand on
+// the output's memory), then that no output overlaps another tensor of the call.
+template <typename CheckOutput>
+BagGeometry check_embedding_bag_out(const at::Tensor& weight, const at::Tensor& indices,
+                                    const c10::optional<at::Tensor>& offsets, int64_t mode,
+                                    const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                                    int64_t padding_idx, const at::Tensor& output, const at::Tensor& offset2bag,
+                                    const at::Tensor& bag_size, const at::Tensor& max_positions,
+                                    CheckOutput&& check_output) {
   const char* op = kEmbeddingBagOp;
+  const auto g =
+      check_embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx);
   check_out(op, "output", output, {g.num_bags, g.dim}, weight.scalar_type(), weight.device());
   check_out(op, "offset2bag", offset2bag, {g.num_indices}, at::kLong, weight.device());
   check_out(op, "bag_size", bag_size, {g.num_bags}, at::kLong, weight.device());
@@ -134,18 +142,13 @@ inline void check_embedding_bag_outputs(const BagGeometry& g, const at::Tensor& 
   for (const at::Tensor* t : {&output, &offset2bag, &bag_size, &max_positions}) {
     BARACUDA_CHECK_VALUE(t->is_contiguous(), op, ": outputs must be contiguous");
   }
-}
-
-inline void check_embedding_bag_no_overlap(const at::Tensor& weight, const at::Tensor& indices,
-                                           const c10::optional<at::Tensor>& offsets,
-                                           const c10::optional<at::Tensor>& per_sample_weights, const at::Tensor& output,
-                                           const at::Tensor& offset2bag, const at::Tensor& bag_size,
-                                           const at::Tensor& max_positions) {
-  check_no_overlap(kEmbeddingBagOp,
+  check_output(output);
+  check_no_overlap(op,
                    {{"output", output}, {"offset2bag", offset2bag}, {"bag_size", bag_size},
                     {"max_positions", max_positions}},
                    {{"weight", weight}, {"indices", indices}, {"offsets", if_present(offsets)},
                     {"per_sample_weights", if_present(per_sample_weights)}});
+  return g;
 }
 
 // Indices and offsets of different integer types are both used as int64, as
