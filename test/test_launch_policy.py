@@ -163,8 +163,8 @@ CASES = [
     ("rms_norm_backward", [8192, 512, 2], BF16, "warp_rows",
      dict(group=16, block=256, smem=256 * 4 * 8 * 4, row_groups=2 * SMS, dw_sum=DW_ORDERED), 2 * SMS * 512 * 4),
     # Rows of one CTA of 512 threads and float32 rows: the register kernel, dW slots in shared
-    # memory, on either device (half-input rows of fewer threads: BANDWIDTH_CASES).
-    ("rms_norm_backward", [1024, 16384, 2], BF16, "cta_row", dict(block=512, stages=0, smem=512 * 4 * 8 * 4), None),
+    # memory, on either device (half-input rows of fewer threads, and the next row fetched
+    # into L2 by rows of 512 threads: BANDWIDTH_CASES).
     ("rms_norm_backward", [1024, 4096, 4], F32, "cta_row",
      dict(block=256, stages=0, smem=256 * 4 * 4 * 4, dw_sum=DW_ORDERED), None),
     # A single row too long for registers: the two-pass kernel keeps dW in a partial row.
@@ -325,6 +325,26 @@ BANDWIDTH_CASES = [
     # No more rows than SMs: a row or none a cluster, nothing to overlap; the register kernel.
     ("rms_norm", [SMS, 65536], BF16,
      {"h200": ("cluster_row", dict(cluster=2, vpt=8, stages=0)), "h100": ("cluster_row", dict(cluster=2, vpt=8))}),
+    # Forward rows of one 512-thread CTA of 16-bit elements, more rows than SMs: on an H200
+    # 256 threads of 8 vectors (four CTAs an SM, twice the bytes in flight); on an H100 512 x 4.
+    # Float32 rows and few rows keep 512 x 4 (CASES).
+    ("rms_norm", [8192, 16384], BF16,
+     {"h200": ("cta_row", dict(block=256, group=256, cluster=1, vpt=8, row_groups=8192)),
+      "h100": ("cta_row", dict(block=512, group=512, cluster=1, vpt=4, row_groups=8192))}),
+    ("rms_norm", [SMS + 1, 12288], F16,
+     {"h200": ("cta_row", dict(block=192, vpt=8)), "h100": ("cta_row", dict(block=384, vpt=4))}),
+    # Backward rows of one 512-thread CTA (one an SM): on an H200 each CTA fetches its next row
+    # into L2 while it works on this one; CTAs of fewer threads, cluster rows and the H100 do not.
+    ("rms_norm_backward", [1024, 16384, 2], BF16,
+     {"h200": ("cta_row", dict(block=512, stages=0, smem=512 * 4 * 8 * 4, prefetch_next=1)),
+      "h100": ("cta_row", dict(block=512, stages=0, smem=512 * 4 * 8 * 4, prefetch_next=0))}),
+    ("rms_norm_backward", [1024, 8192, 4], F32,
+     {"h200": ("cta_row", dict(block=512, prefetch_next=1)), "h100": ("cta_row", dict(block=512, prefetch_next=0))}),
+    ("rms_norm_backward", [1024, 5120, 4], F32,
+     {"h200": ("cta_row", dict(block=320, prefetch_next=0)), "h100": ("cta_row", dict(block=320, prefetch_next=0))}),
+    ("rms_norm_backward", [1024, 32768, 2], BF16,
+     {"h200": ("cluster_row", dict(cluster=2, prefetch_next=0)),
+      "h100": ("cluster_row", dict(cluster=2, prefetch_next=0))}),
     # Half-input rows of a whole warp: on an H200 a CTA of 32 threads each, streamed (12 KB of
     # stages: the modelled 16 CTAs an SM, by the kernel's 128-register budget); on an H100
     # eight a 256-thread CTA, in registers.

@@ -203,6 +203,26 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     assert streamed == (wdt == torch.float32 and dtype != torch.float32)
 
 
+@pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 16384), (torch.bfloat16, torch.float32, 16384),
+                                         (torch.float16, None, 16384), (torch.float32, torch.float32, 8192)])
+def test_backward_rows_with_next_row_prefetched(device, dtype, wdt, n):
+    # Rows of one 512-thread CTA, more rows than SMs: on an H200 each CTA fetches its next
+    # row into L2 (prefetch_next) while it works on this one; dx and dW as without it.
+    if device.type != "cuda":
+        pytest.skip("the L2 prefetch is a CUDA launch choice (the CPU path is covered by the row sweep)")
+    m = 2 * torch.cuda.get_device_properties(device).multi_processor_count + 37
+    x, g = random((m, n), dtype, device), random((m, n), dtype, device)
+    w = random((n,), wdt, device) if wdt is not None else None
+    _, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)
+    dx, dw = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, w is not None])
+    refs = backward_reference(x, (n,), w, g)
+    assert_close(dx, refs[0], scale=4)
+    if w is not None:
+        assert_close(dw, refs[1], dtype=wdt, scale=4 * m**0.5)
+    again = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, w is not None])
+    assert torch.equal(dx, again[0]) and (w is None or torch.equal(dw, again[1]))
+
+
 @pytest.mark.parametrize("dtype,wdt,n,cluster", [(torch.bfloat16, torch.bfloat16, 65536, 4),
                                                  (torch.bfloat16, torch.float32, 65536, 4),
                                                  (torch.float16, None, 65536, 4),

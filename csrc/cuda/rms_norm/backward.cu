@@ -149,7 +149,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
                           .smem = c.smem + int64_t(c.block) * staged * int64_t(sizeof(W)) * V},
                          gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.group, c.cluster,
-                         staged);
+                         staged, c.prefetch_next);
           });
         }
         if (want_dw && !direct) {

@@ -16,13 +16,15 @@ namespace {
 //   With a single row group (gridDim == cluster) the sums are dW itself: written
 //   to dw_direct as W, and no second kernel runs.
 //   staged_w: the thread's first staged_w w vectors in shared memory after the
-//   dW slots (staged_weight).
+//   dW slots (staged_weight). prefetch_next: one row per CTA (or per cluster's CTA);
+//   thread 0 fetches the CTA's part of its next row into L2 (prefetch_row_part_l2).
 
 template <typename T, typename W, typename AccT, int V, int Vpt, int MinBlocks, bool kGroupedSlots = false>
 __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     rms_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                         const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
-                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, int staged_w) {
+                        W* __restrict__ dw_direct, int64_t M, int N, int group, int cluster, int staged_w,
+                        bool prefetch_next) {
   constexpr bool kSpreadRows = Vpt < kVpt;  // a single row, one vector a thread over a cluster: latency-bound
   // Rows that need a cluster, the only ones the policy runs two CTAs per SM: the dW
   // sums are added while the CTA waits at the row's cluster barrier (below).
@@ -68,6 +70,16 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
       if (live && q < nv) {
         xv[j] = cuda::load_raw<T, V>(x + row * N + int64_t(q) * V);
         gv[j] = cuda::load_raw<T, V>(dy + row * N + int64_t(q) * V);
+      }
+    }
+    // prefetch_next (rows of one CTA, alone on its SM): between its rows the CTA waits
+    // for the row sum and its dx stores with no load in flight; its next row, fetched
+    // into L2 meanwhile, keeps the memory busy and shortens that row's loads.
+    if constexpr (V * sizeof(T) == 16 && !kSpreadRows) {
+      const int64_t next = row + L.step;
+      if (prefetch_next && threadIdx.x == 0 && next < M) {
+        prefetch_row_part_l2<Vpt, V>(x + next * N, nv, L.row_threads, L.rank * group, group);
+        prefetch_row_part_l2<Vpt, V>(dy + next * N, nv, L.row_threads, L.rank * group, group);
       }
     }
     const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };

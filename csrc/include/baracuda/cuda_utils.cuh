@@ -472,6 +472,14 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
+// Fetches [src, src + bytes) into L2 (sm_90 cp.async.bulk.prefetch.L2; 16-byte
+// aligned, a multiple of 16 bytes); nothing waits for it.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 // A ring of `stages` shared-memory stages filled by bulk copies: stage i % stages holds
 // item i (a row) from its fetch until the CTA is done with it, when item i + stages
 // takes it. `full` is kMaxStages mbarriers in the CTA's shared memory; fetch(i) (thread
