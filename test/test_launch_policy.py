@@ -232,11 +232,11 @@ CASES = [
      dict(threads=256, group=32, vpt=4, row_groups=131072 // 8, one_wave=0), 0),
     ("rms_norm_fused", [4096, 32768, 1], BF16, "register_rows",
      dict(threads=1024, vpt=4, row_groups=4096, one_wave=0), 0),
+    ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows",
+     dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1, prefetch_next=0), 0),
+    ("rms_norm_fused", [4096, 32768, 1], F32, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [4096, 16384, 1], F32, "register_rows",
      dict(threads=1024, vpt=4, row_groups=4096, one_wave=0), 0),
-    ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows",
-     dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1), 0),
-    ("rms_norm_fused", [4096, 32768, 1], F32, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [4096, 131072, 1], BF16, "cluster_rows",
      dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS, one_wave=1), 0),
     ("rms_norm_quant", [4096, 65536, 1], F32, "cluster_rows", dict(cluster=4, vpt=8, row_groups=SMS), 0),
@@ -268,8 +268,6 @@ CASES = [
     ("rms_norm_fused_backward", [4096, 1000, 1, 2], BF16, "register_rows", dict(threads=256, group=32, vpt=4), None),
     ("rms_norm_fused_backward", [16384, 4096, 1, 2], F32, "register_rows",
      dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS), 2 * SMS * 4096 * 4),
-    ("rms_norm_fused_backward", [8192, 16384, 1, 0], BF16, "register_rows",
-     dict(threads=512, vpt=4, ctas_per_sm=1, cluster=1, stages=0), 0),
     ("rms_norm_fused_backward", [4096, 32768, 1, 2], BF16, "cluster_rows",
      dict(threads=512, group=512, cluster=4, vpt=2, ctas_per_sm=2, row_groups=SMS // 2), SMS // 2 * 32768 * 4),
     ("rms_norm_fused_backward", [2048, 65536, 1, 4], BF16, "cluster_rows",
@@ -333,6 +331,18 @@ BANDWIDTH_CASES = [
       "h100": ("cta_row", dict(block=512, group=512, cluster=1, vpt=4, row_groups=8192))}),
     ("rms_norm", [SMS + 1, 12288], F16,
      {"h200": ("cta_row", dict(block=192, vpt=8)), "h100": ("cta_row", dict(block=384, vpt=4))}),
+    # rms_norm_fused backward register rows of 16-bit inputs, 512 x 4 (one CTA an SM): on an H200
+    # each CTA fetches its next row into L2; float32 rows, 512 x 2 rows, the forward and the H100
+    # do not.
+    ("rms_norm_fused_backward", [8192, 16384, 1, 0], BF16,
+     {"h200": ("register_rows", dict(threads=512, vpt=4, ctas_per_sm=1, cluster=1, stages=0, prefetch_next=1)),
+      "h100": ("register_rows", dict(threads=512, vpt=4, ctas_per_sm=1, cluster=1, stages=0, prefetch_next=0))}),
+    ("rms_norm_fused_backward", [16384, 8192, 1, 4], F32,
+     {"h200": ("register_rows", dict(threads=512, vpt=4, prefetch_next=0)),
+      "h100": ("register_rows", dict(threads=512, vpt=4, prefetch_next=0))}),
+    ("rms_norm_fused_backward", [16384, 4096, 1, 2], F32,
+     {"h200": ("register_rows", dict(threads=512, vpt=2, ctas_per_sm=2, prefetch_next=0)),
+      "h100": ("register_rows", dict(threads=512, vpt=2, ctas_per_sm=2, prefetch_next=0))}),
     # Backward rows of one 512-thread CTA (one an SM): on an H200 each CTA fetches its next row
     # into L2 while it works on this one; CTAs of fewer threads, cluster rows and the H100 do not.
     ("rms_norm_backward", [1024, 16384, 2], BF16,

@@ -171,10 +171,12 @@ def test_backward_matches_float64_autograd(device, dtype, casting):
 # Rows past the short CASES (on CUDA: a row split over a whole warp, a CTA, the longest rows held in
 # registers, cluster rows: in the backward 2 to 8 CTAs a row, 5 at 40000 (a cluster whose last CTA holds
 # part of a row), in the float32 forward at 40000 and 65536; and more rows than the grid holds at once
-# (at 8192: the 16-bit backward's 512 x 2 rows, registers capped for two CTAs per SM; at 32768, cluster
-# rows visiting several rows).
+# (at 8192: the 16-bit backward's 512 x 2 rows, registers capped for two CTAs per SM; at 16384 its
+# 512 x 4 rows, which on an H200 fetch their next row into L2 in 16-bit; at 32768, cluster rows
+# visiting several rows).
 LONG_CASES = [((3, 1024), (1024,)), ((5, 4096), (4096,)), ((2, 16384), (16384,)), ((2, 65536), (65536,)),
-              ((9000, 1024), (1024,)), ((300, 8192), (8192,)), ((300, 32768), (32768,)), ((7, 40000), (40000,))]
+              ((9000, 1024), (1024,)), ((300, 8192), (8192,)), ((300, 16384), (16384,)), ((300, 32768), (32768,)),
+              ((7, 40000), (40000,))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -418,7 +420,7 @@ def test_plans_write_every_element(device, dtype, wdt):
     # per-head weight takes the CTA-per-row backward
     assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else
                                   "decode_rows<threads=256,group=1,cluster=1,vpt=2,ctas_per_sm=1,stages=0,smem=0,row_groups=1,"
-                                  "one_wave=0>")
+                                  "one_wave=0,prefetch_next=0>")
     x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random(wshape, wdt, device)
     args = baracuda_ops.RMSNormFusedArgs(x, r, w, poison(torch.empty(shape, dtype=desc.output_dtype, device=device)),
                                          poison(torch.empty(shape, device=device)),

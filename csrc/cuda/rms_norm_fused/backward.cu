@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
     fused_rows_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
                                const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
                                R* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int group,
-                               int cluster_arg, AccT offset, bool llama) {
+                               int cluster_arg, AccT offset, bool llama, bool prefetch_next) {
   constexpr int V = 16 / sizeof(T);
   const int cluster = kClusterRows ? cluster_arg : 1;
   __shared__ cuda::BlockSumScratch<AccT> scratch;
@@ -44,6 +44,22 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
       dyv[j] = load_row_raw<OutT, V>(dy + at);
       hv[j] = load_row_raw<R, V>(h + at);
       if (want_d && dres != nullptr) dresv[j] = load_row_raw<R, V>(dres + at);
+    }
+    // prefetch_next (a row a CTA, alone on its SM): the CTA's part of its next row's dy, h
+    // and dres fetched into L2 before this row's sum, so the memory stays busy while the
+    // CTA waits for the sum and stores dx.
+    // (Compiled for one-CTA rows of 4 vectors alone, where the policy may set it: in the
+    // other kernels its registers would spill.)
+    if constexpr (!kClusterRows && MinCtas == 1 && Vpt == 4) {
+      const int64_t next = row + L.step;
+      if (prefetch_next && threadIdx.x == 0 && next < s.M) {
+        const int first_q = L.u - static_cast<int>(threadIdx.x % group);
+        prefetch_row_part_l2<Vpt, V>(dy + next * N, nv, L.row_threads, first_q, group);
+        prefetch_row_part_l2<Vpt, V>(h + next * N, nv, L.row_threads, first_q, group);
+        if (want_d && dres != nullptr) {
+          prefetch_row_part_l2<Vpt, V>(dres + next * N, nv, L.row_threads, first_q, group);
+        }
+      }
     }
     const AccT r = live ? rstd[row] : AccT(0);
     const W* wr = w != nullptr ? w + (live ? row % s.H : 0) * N : nullptr;
@@ -353,7 +369,7 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
                             : fused_rows_backward_kernel<T, R, W, OutT, AccT, 2, 1, false>;
       // the workspace holds c.ctas partial rows, at least as many as the launch's row groups
       partial_rows = launch_register_rows(kernel, c, dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.group,
-                                          c.cluster, offset, llama);
+                                          c.cluster, offset, llama, c.prefetch_next);
     }
     if (want_dw) launch_rms_dw_sum(partials, grad_weight.mutable_data_ptr<W>(), partial_rows, rows.H * rows.N);
   });

@@ -159,15 +159,18 @@ __device__ __forceinline__ AccT cluster_slots_fold(AccT* slots, int parity, int 
 // CTA of the row holds: its vectors q = j * row_threads + first + t (t < group, j <
 // Vpt), each of the Vpt runs of `group` consecutive vectors one bulk prefetch.
 // Called by one thread for the CTA's next row while the CTA works on this one, so
-// that row's loads find it in L2 (16-byte vectors: the runs are 16-byte aligned).
+// that row's loads find it in L2. Bulk prefetches take 16-byte aligned runs: a
+// stream whose vectors are not a multiple of 16 bytes is not fetched.
 template <int Vpt, int V, typename T>
 __device__ __forceinline__ void prefetch_row_part_l2(const T* row_start, int nv, int row_threads, int first,
                                                      int group) {
-  static_assert(V * sizeof(T) == 16, "bulk prefetches take 16-byte aligned runs");
+  constexpr int kVecBytes = V * static_cast<int>(sizeof(T));
+  if constexpr (kVecBytes % 16 == 0) {
 #pragma unroll
-  for (int j = 0; j < Vpt; ++j) {
-    const int q = j * row_threads + first;
-    if (q < nv) cuda::bulk_prefetch_l2(row_start + int64_t(q) * V, min(group, nv - q) * 16);
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * row_threads + first;
+      if (q < nv) cuda::bulk_prefetch_l2(row_start + int64_t(q) * V, min(group, nv - q) * kVecBytes);
+    }
   }
 }
 
