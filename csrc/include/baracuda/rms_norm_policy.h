@@ -304,7 +304,7 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   // fetches its next row into L2 before it sums this one, so the memory stays busy while
   // it waits for the row sum and stores dx. On an H200 0.91-0.94 of copy at N = 16384
   // bf16 and 1.01 at N = 8192 float32, where the CTA alone reaches 0.80-0.83 and 0.94.
-  // Where CTAs share an SM it did not pay: cluster rows 8-21% slower, float32 rows of
+  // Where CTAs share an SM it did not pay: cluster rows 7-21% slower, float32 rows of
   // 256 and 320 threads 4% faster and 10% slower.
   c.prefetch_next = backward && c.kind == RmsKernel::kCtaRow && c.block == kBwdMaxThreads && M > f.num_sms &&
                     f.dram_bytes_per_s >= kStreamedRowsMinBandwidth;
