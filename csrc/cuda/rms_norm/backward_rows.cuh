@@ -74,8 +74,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinBlocks)
     }
     // prefetch_next (rows of one CTA, alone on its SM): between its rows the CTA waits
     // for the row sum and its dx stores with no load in flight; its next row, fetched
-    // into L2 meanwhile, keeps the memory busy and shortens that row's loads.
-    if constexpr (V * sizeof(T) == 16 && !kSpreadRows) {
+    // into L2 meanwhile, keeps the memory busy and shortens that row's loads. Compiled
+    // only where the policy can ask for it (cluster rows spill 4 more bytes with it).
+    if constexpr (V * sizeof(T) == 16 && !kSpreadRows && !kClusterRows) {
       const int64_t next = row + L.step;
       if (prefetch_next && threadIdx.x == 0 && next < M) {
         prefetch_row_part_l2<Vpt, V>(x + next * N, nv, L.row_threads, L.rank * group, group);
