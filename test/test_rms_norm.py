@@ -632,6 +632,10 @@ def test_cuda_plan_variant_is_the_launch_config():
             for field in ("vec_bytes", "group", "block", "cluster", "vpt", "ctas_per_sm", "stages", "smem",
                           "dw_columns"):
                 assert params[field] == want[field], (field, variant, want)
+            if (m, n) == (2048, 65536):
+                # Clusters of four 512-thread CTAs, two an SM, fill every SM as the model
+                # counts: placed load-balanced (spread placement fits 62 of 66 on an H200).
+                assert params["cluster"] == 4 and params["row_groups"] == want["row_groups"], (variant, want)
 
 
 # ---------------------------------------------------------------------------- schemas and errors
