@@ -416,11 +416,12 @@ def test_plans_write_every_element(device, dtype, wdt):
                                                residual_dtype=torch.float32, weight_offset=1.0, casting="llama",
                                                device=device)
     plan = baracuda_ops.RMSNormFusedPlan.select(desc)
-    # on CUDA a row of 8 elements is one thread's (vectors of 16 bytes), 5 rows decode rows; the dW of this
-    # per-head weight takes the CTA-per-row backward
+    # on CUDA a row of 8 elements is one or two threads' (vectors of 16 bytes), 5 rows decode rows; the dW of
+    # this per-head weight takes the CTA-per-row backward
+    group = dtype.itemsize // 2
     assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else
-                                  "decode_rows<threads=256,group=1,cluster=1,vpt=2,ctas_per_sm=1,stages=0,smem=0,row_groups=1,"
-                                  "one_wave=0,prefetch_next=0>")
+                                  f"decode_rows<threads=256,group={group},cluster=1,vpt=1,ctas_per_sm=1,stages=0,smem=0,"
+                                  "row_groups=1,one_wave=0,prefetch_next=0>")
     x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random(wshape, wdt, device)
     args = baracuda_ops.RMSNormFusedArgs(x, r, w, poison(torch.empty(shape, dtype=desc.output_dtype, device=device)),
                                          poison(torch.empty(shape, device=device)),

@@ -97,16 +97,11 @@ struct FusedForwardArgs {
   bool llama;
 };
 
-// Forward (kQuant: rms_norm_quant) of rows in registers (register and decode rows, and cluster
-// rows: a row over `cluster` CTAs); see common.cuh. kWeightWithX (decode rows): the row's
-// weight vectors are loaded with x and r and held as loaded, so the stores wait for one round
-// trip to memory (not the weight's after the row's sum); its CTAs of at most
-// kDecodeMaxThreads may take the registers that needs.
-// kClusterRows: `cluster` is read (else 1, and the kernel is the one-CTA rows' alone, which
-// takes fewer registers).
-template <bool kQuant, bool kWeightWithX, bool kClusterRows, typename T, typename R, typename W, typename OutT,
-          typename AccT, int Vpt>
-__global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMaxThreads)
+// Forward (kQuant: rms_norm_quant) of rows in registers (register rows, and cluster rows: a
+// row over `cluster` CTAs); see common.cuh. kClusterRows: `cluster` is read (else 1, and the
+// kernel is the one-CTA rows' alone, which takes fewer registers).
+template <bool kQuant, bool kClusterRows, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
+__global__ void __launch_bounds__(kMaxThreads)
     fused_rows_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group, int cluster_arg) {
   constexpr int V = 16 / sizeof(T);
   const int cluster = kClusterRows ? cluster_arg : 1;
@@ -121,12 +116,11 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
     const bool live = row < a.s.M;
     const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
     cuda::RawVec<R, V> hv[Vpt] = {};
-    cuda::RawVec<W, V> wv[kWeightWithX ? Vpt : 1] = {};
-    // Rows of at most 4 vectors a thread (decode and register rows): every load of the row's
-    // x and r (decode rows: and weight) is issued before any is used, since the h stores below
-    // may alias x and r for the compiler, which would keep each vector's loads after the
-    // previous vector's store (one round trip to memory a vector, not one a row). Rows of 8
-    // vectors load vector by vector: x and r of all 8 at once spill at 64 registers.
+    // Rows of 4 vectors a thread: every load of the row's x and r is issued before any is
+    // used, since the h stores below may alias x and r for the compiler, which would keep
+    // each vector's loads after the previous vector's store (one round trip to memory a
+    // vector, not one a row). Rows of 8 vectors load vector by vector: x and r of all 8 at
+    // once spill at 64 registers.
     constexpr bool kLoadsFirst = Vpt <= 4;
     cuda::RawVec<T, V> xs[kLoadsFirst ? Vpt : 1] = {};
     cuda::RawVec<R, V> rs[kLoadsFirst ? Vpt : 1] = {};
@@ -136,9 +130,6 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
         const int q = j * L.row_threads + L.u;
         if (!live || q >= nv) continue;
         const int64_t at = row * N + int64_t(q) * V;
-        if constexpr (kWeightWithX) {
-          if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
-        }
         xs[j] = cuda::load_raw<T, V>(a.x + at);
         if (a.res != nullptr) rs[j] = load_row_raw<R, V>(a.res + at);
       }
@@ -176,14 +167,7 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
     const AccT ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
     // wo = w + offset of this thread's vector j (column q).
-    const auto weight_of = [&](int j, int q, AccT(&wo)[V]) {
-      if constexpr (kWeightWithX) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) wo[i] = wr == nullptr ? AccT(1) : cuda::raw_elem<AccT, W, V>(wv[j], i) + a.offset;
-      } else {
-        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
-      }
-    };
+    const auto weight_of = [&](int q, AccT(&wo)[V]) { load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo); };
     // y for vector j (element i) of this thread, as OutT rounds it.
     const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
       return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
@@ -195,7 +179,7 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
         const int q = j * L.row_threads + L.u;
         if (!live || q >= nv) continue;
         AccT wo[V], y[V];
-        weight_of(j, q, wo);
+        weight_of(q, wo);
 #pragma unroll
         for (int i = 0; i < V; ++i) y[i] = static_cast<AccT>(y_at(j, wo, i));
         store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
@@ -211,7 +195,7 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
           const int q = j * L.row_threads + L.u;
           if (!live || q >= nv) continue;
           AccT wo[V];
-          weight_of(j, q, wo);
+          weight_of(q, wo);
 #pragma unroll
           for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
         }
@@ -223,7 +207,7 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
         const int q = j * L.row_threads + L.u;
         if (!live || q >= nv) continue;
         AccT wo[V];
-        weight_of(j, q, wo);
+        weight_of(q, wo);
         cuda::Vec<c10::Float8_e4m3fn, V> out;
 #pragma unroll
         for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
@@ -233,6 +217,114 @@ __global__ void __launch_bounds__(kWeightWithX ? fused::kDecodeMaxThreads : kMax
   }
   if (cluster > 1) cluster_sync();  // no CTA leaves while another may still read its slots
 }
+
+// Forward (kQuant: rms_norm_quant) of decode rows: a CTA holds one row group (the launch has
+// no more than the SMs), 2^group_shift threads a row (a sub-warp, several rows a CTA, or the
+// whole CTA), Vpt vectors of V elements a thread (vector q = j * group + u):
+//   h = R(x + r) (x without a residual), stored to h_out;  ss = sum h^2 (the thread's
+//   elements by cuda::tree_sum, then the row's threads);  rstd = 1 / sqrt(ss * inv_n + eps);
+//   y = fused_output(h, rstd, w + offset), or q = fp8_quantize(y, scale) (kQuant).
+// x, r and the weight (and a static scale) are loaded in one round before any is used. A
+// decode launch is one short wave whose time is its instruction path: no row loop, the
+// thread's place by shifts, 1 / N from the host, the squares in two chains of fused
+// multiply-adds, y stored as rounded once, and the block sum without a barrier after it
+// (the row's max, a second sum, has scratch of its own).
+template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
+__global__ void __launch_bounds__(fused::kDecodeMaxThreads)
+    fused_decode_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group_shift, AccT inv_n) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ cuda::BlockSumScratch<AccT> sum_scratch, max_scratch;
+  const int group = 1 << group_shift;
+  const int u = threadIdx.x & (group - 1);
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> group_shift) + (threadIdx.x >> group_shift);
+  const bool live = row < a.s.M;
+  const int N = static_cast<int>(a.s.N);
+  const int nv = N / V;
+  const W* wr = a.w != nullptr ? a.w + (a.s.H == 1 || !live ? 0 : row % a.s.H) * N : nullptr;
+  float scale = 1.0f;
+  if constexpr (kQuant) {
+    if (a.static_scale != nullptr) scale = *a.static_scale;
+  }
+  cuda::RawVec<T, V> xv[Vpt] = {};
+  cuda::RawVec<R, V> rv[Vpt] = {};
+  cuda::RawVec<W, V> wv[Vpt] = {};
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * group + u;
+    if (!live || q >= nv) continue;
+    const int64_t at = row * N + int64_t(q) * V;
+    xv[j] = cuda::load_raw<T, V>(a.x + at);
+    if (a.res != nullptr) rv[j] = load_row_raw<R, V>(a.res + at);
+    if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+  }
+  AccT h[Vpt][V], chain[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const AccT xe = cuda::raw_elem<AccT, T, V>(xv[j], i);
+      h[j][i] = a.res != nullptr ? static_cast<AccT>(static_cast<R>(xe + cuda::raw_elem<AccT, R, V>(rv[j], i))) : xe;
+      chain[i % 2] += h[j][i] * h[j][i];
+    }
+    const int q = j * group + u;
+    if (a.res != nullptr && live && q < nv) store_row_slice<R, V>(a.h_out + row * N + int64_t(q) * V, h[j]);
+  }
+  AccT ss = chain[0] + chain[1];
+  if (group <= 32) {
+    for (int offset = group / 2; offset > 0; offset >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+  } else {
+    ss = cuda::block_sum_once(ss, sum_scratch);
+  }
+  const AccT r = rsqrt_acc(ss * inv_n + a.eps);
+  // y[j][i] as OutT rounds it.
+  OutT y[Vpt][V];
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const AccT wo = wr != nullptr ? cuda::raw_elem<AccT, W, V>(wv[j], i) + a.offset : AccT(1);
+      y[j][i] = fused_output<OutT, T>(h[j][i], r, wo, a.llama);
+    }
+  }
+  if constexpr (!kQuant) {
+    if (live && u == 0) a.rstd[row] = r;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * group + u;
+      if (live && q < nv) store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y[j]);
+    }
+  } else {
+    if (a.static_scale == nullptr) {
+      AccT amax = 0;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * group + u;
+        if (!live || q >= nv) continue;
+#pragma unroll
+        for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y[j][i]));
+      }
+      if (group <= 32) {
+        for (int offset = group / 2; offset > 0; offset >>= 1) {
+          amax = fp8_amax(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+        }
+      } else {
+        amax = block_max(amax, max_scratch);
+      }
+      scale = fp8_row_scale(amax);
+      if (live && u == 0) a.row_scale[row] = scale;
+    }
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * group + u;
+      if (!live || q >= nv) continue;
+      cuda::Vec<c10::Float8_e4m3fn, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y[j][i]), scale);
+      cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
+    }
+  }
+}
+
 template <typename T, typename R, typename W, typename OutT, typename AccT>
 __global__ void __launch_bounds__(kMaxThreads)
     fused_forward_kernel(const T* __restrict__ x, const R* __restrict__ res, const W* __restrict__ w,
@@ -282,17 +374,23 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// The register-row forward of config c: decode rows of 2 or 4 vectors a thread (the weight
-// loaded with x), register and cluster rows of 4 or 8.
+// The register-row forward of config c: decode rows of 1 or 2 vectors a thread, register and
+// cluster rows of 4 or 8.
 template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT>
 void launch_rows_forward(const FusedLaunchConfig& c, const FusedForwardArgs<T, R, W, OutT, AccT>& a) {
+  if (c.kind == FusedKernel::kDecodeRows) {
+    const auto kernel = c.vpt == 1 ? fused_decode_forward_kernel<kQuant, T, R, W, OutT, AccT, 1>
+                                   : fused_decode_forward_kernel<kQuant, T, R, W, OutT, AccT, 2>;
+    int group_shift = 0;  // c.group = 2^group_shift
+    while ((1 << group_shift) < c.group) ++group_shift;
+    cuda::launch(kernel, {.grid = dim3(c.ctas), .block = dim3(c.threads)}, a, group_shift,
+                 AccT(1) / static_cast<AccT>(a.s.N));
+    return;
+  }
   const auto kernel =
-      c.kind == FusedKernel::kDecodeRows
-          ? (c.vpt == 2 ? fused_rows_forward_kernel<kQuant, true, false, T, R, W, OutT, AccT, 2>
-                        : fused_rows_forward_kernel<kQuant, true, false, T, R, W, OutT, AccT, 4>)
-      : c.kind == FusedKernel::kClusterRows ? fused_rows_forward_kernel<kQuant, false, true, T, R, W, OutT, AccT, 8>
-      : c.vpt == 4                          ? fused_rows_forward_kernel<kQuant, false, false, T, R, W, OutT, AccT, 4>
-                                            : fused_rows_forward_kernel<kQuant, false, false, T, R, W, OutT, AccT, 8>;
+      c.kind == FusedKernel::kClusterRows ? fused_rows_forward_kernel<kQuant, true, T, R, W, OutT, AccT, 8>
+      : c.vpt == 4                        ? fused_rows_forward_kernel<kQuant, false, T, R, W, OutT, AccT, 4>
+                                          : fused_rows_forward_kernel<kQuant, false, T, R, W, OutT, AccT, 8>;
   launch_register_rows(kernel, c, a, c.group, c.cluster);
 }
 

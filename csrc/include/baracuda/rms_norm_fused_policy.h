@@ -11,7 +11,7 @@
 //   kRegisterRows  a row in one CTA (or a sub-warp), 4 or 8 vectors a thread
 //                  (forward), 2 or 4 (backward);
 //   kDecodeRows    forward of no more rows than SMs: each CTA one row group, at most
-//                  kDecodeMaxThreads threads of 2 or 4 vectors, the weight loaded with
+//                  kDecodeMaxThreads threads of 1 or 2 vectors, the weight loaded with
 //                  x and r (one round trip to memory before the stores, not two);
 //   kClusterRows   rows longer than one CTA holds (sm_90; backward past 512 × 4
 //                  vectors, forward past 1024 × 8 of elements of at most 4 bytes): a
@@ -50,7 +50,7 @@ namespace fused {
 constexpr int kMaxThreads = 1024;       // forward register rows: a row's threads, at most
 constexpr int kBwdMaxThreads = 512;     // backward rows: dy, h and the dW sums in up to 128 registers
 constexpr int kRowsBlock = 256;         // CTA size when several short rows share a CTA
-constexpr int kDecodeMaxThreads = 256;  // decode rows: threads a row, at most
+constexpr int kDecodeMaxThreads = 512;  // decode rows: threads a row, at most
 constexpr int kMaxCluster = 8;          // portable thread-block cluster size
 constexpr int kStreamVpt = 4;           // streamed backward rows: vectors a thread
 constexpr int kStreams = 3;             // streamed backward rows: dy, h and dres staged
@@ -142,9 +142,10 @@ inline bool fused_prefetches_next(const FusedLaunchConfig& c, const FusedProblem
 // alone 0.88–1.00; at N = 32768 bf16, 1024 × 4 reach 0.96 where 512 × 8 reached 0.87–0.91).
 // Rows of 8 vectors (x and r of all 8 would spill) load vector by vector, a CTA (or cluster)
 // per row group while the device holds them, the rest by grid stride (a CTA per row group
-// was 1–6% slower there). Decode rows: the fewest vectors (2 or 4) that keep a row within
-// kDecodeMaxThreads, whose launch of a single wave loads each weight vector once per CTA
-// whenever it loads it.
+// was 1–6% slower there). Decode rows: the fewest vectors (1 or 2) that keep a row within
+// kDecodeMaxThreads. A decode launch is one short wave of a CTA an SM, whose time is the
+// instruction path of its warps (each an instruction every 5–6 cycles, Nsight Compute at
+// [1, 4096] bf16), so the row goes to as many threads as hold it whole.
 inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const DeviceFacts& f) {
   using namespace fused;
   FusedLaunchConfig c;
@@ -168,7 +169,7 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
     }
   }
   if (p.M <= f.num_sms) {
-    const auto [dgroup, dvpt] = fused_row_split(nv, {2, 4}, kDecodeMaxThreads);
+    const auto [dgroup, dvpt] = fused_row_split(nv, {1, 2}, kDecodeMaxThreads);
     if (dgroup > 0) {
       std::tie(group, vpt) = std::pair<int, int>{dgroup, dvpt};
       c.kind = FusedKernel::kDecodeRows;
