@@ -1,6 +1,8 @@
 // rms_norm_fused and rms_norm_quant forward, CUDA: rows in registers (register and
 // decode rows) and the CTA-per-row kernels (see common.cuh; the policy:
 // baracuda/rms_norm_fused_policy.h).
+#include <limits>
+
 #include "common.cuh"
 
 namespace baracuda {
@@ -222,13 +224,15 @@ __global__ void __launch_bounds__(kMaxThreads)
 // no more than the SMs), 2^group_shift threads a row (a sub-warp, several rows a CTA, or the
 // whole CTA), Vpt vectors of V elements a thread (vector q = j * group + u):
 //   h = R(x + r) (x without a residual), stored to h_out;  ss = sum h^2 (the thread's
-//   elements by cuda::tree_sum, then the row's threads);  rstd = 1 / sqrt(ss * inv_n + eps);
-//   y = fused_output(h, rstd, w + offset), or q = fp8_quantize(y, scale) (kQuant).
+//   elements in two chains of fused multiply-adds, then the row's threads);
+//   rstd = 1 / sqrt(ss * inv_n + eps);  y = fused_output(h, rstd, w + offset), or
+//   q = fp8_quantize(y, scale) (kQuant).
 // x, r and the weight (and a static scale) are loaded in one round before any is used. A
 // decode launch is one short wave whose time is its instruction path: no row loop, the
-// thread's place by shifts, 1 / N from the host, the squares in two chains of fused
-// multiply-adds, y stored as rounded once, and the block sum without a barrier after it
-// (the row's max, a second sum, has scratch of its own).
+// thread's place by shifts and its offsets in 32 bits (decode rows hold M * N < 2^31
+// elements: M <= SMs, N <= 2 * kDecodeMaxThreads * V), 1 / N from the host, a missing
+// weight read as zeros plus an offset of 1 (the launcher's), y rounded once, and the block
+// sum without a barrier after it (the row's max, a second sum, has scratch of its own).
 template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
 __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
     fused_decode_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group_shift, AccT inv_n) {
@@ -236,11 +240,14 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
   __shared__ cuda::BlockSumScratch<AccT> sum_scratch, max_scratch;
   const int group = 1 << group_shift;
   const int u = threadIdx.x & (group - 1);
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> group_shift) + (threadIdx.x >> group_shift);
-  const bool live = row < a.s.M;
+  const int row = blockIdx.x * (blockDim.x >> group_shift) + (threadIdx.x >> group_shift);
+  const int M = static_cast<int>(a.s.M);
+  const bool live = row < M;
   const int N = static_cast<int>(a.s.N);
   const int nv = N / V;
-  const W* wr = a.w != nullptr ? a.w + (a.s.H == 1 || !live ? 0 : row % a.s.H) * N : nullptr;
+  // The weight row: row % H, where H > M reads as M (row < M either way).
+  const int heads = static_cast<int>(a.s.H < a.s.M ? a.s.H : a.s.M);
+  const W* wr = a.w != nullptr ? a.w + (heads == 1 || !live ? 0 : row % heads) * N : nullptr;
   float scale = 1.0f;
   if constexpr (kQuant) {
     if (a.static_scale != nullptr) scale = *a.static_scale;
@@ -252,10 +259,10 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
   for (int j = 0; j < Vpt; ++j) {
     const int q = j * group + u;
     if (!live || q >= nv) continue;
-    const int64_t at = row * N + int64_t(q) * V;
+    const int at = row * N + q * V;
     xv[j] = cuda::load_raw<T, V>(a.x + at);
     if (a.res != nullptr) rv[j] = load_row_raw<R, V>(a.res + at);
-    if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + int64_t(q) * V);
+    if (wr != nullptr) wv[j] = load_row_raw<W, V>(wr + q * V);
   }
   AccT h[Vpt][V], chain[2] = {0, 0};
 #pragma unroll
@@ -267,7 +274,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
       chain[i % 2] += h[j][i] * h[j][i];
     }
     const int q = j * group + u;
-    if (a.res != nullptr && live && q < nv) store_row_slice<R, V>(a.h_out + row * N + int64_t(q) * V, h[j]);
+    if (a.res != nullptr && live && q < nv) store_row_slice<R, V>(a.h_out + row * N + q * V, h[j]);
   }
   AccT ss = chain[0] + chain[1];
   if (group <= 32) {
@@ -282,7 +289,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
   for (int j = 0; j < Vpt; ++j) {
 #pragma unroll
     for (int i = 0; i < V; ++i) {
-      const AccT wo = wr != nullptr ? cuda::raw_elem<AccT, W, V>(wv[j], i) + a.offset : AccT(1);
+      const AccT wo = cuda::raw_elem<AccT, W, V>(wv[j], i) + a.offset;
       y[j][i] = fused_output<OutT, T>(h[j][i], r, wo, a.llama);
     }
   }
@@ -291,7 +298,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
       const int q = j * group + u;
-      if (live && q < nv) store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y[j]);
+      if (live && q < nv) store_row_slice<OutT, V>(a.y + row * N + q * V, y[j]);
     }
   } else {
     if (a.static_scale == nullptr) {
@@ -320,7 +327,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
       cuda::Vec<c10::Float8_e4m3fn, V> out;
 #pragma unroll
       for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y[j][i]), scale);
-      cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
+      cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + q * V, out);
     }
   }
 }
@@ -379,11 +386,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT>
 void launch_rows_forward(const FusedLaunchConfig& c, const FusedForwardArgs<T, R, W, OutT, AccT>& a) {
   if (c.kind == FusedKernel::kDecodeRows) {
+    TORCH_INTERNAL_ASSERT(a.s.M * a.s.N <= std::numeric_limits<int>::max(), "rms_norm_fused: decode rows past 2^31");
     const auto kernel = c.vpt == 1 ? fused_decode_forward_kernel<kQuant, T, R, W, OutT, AccT, 1>
                                    : fused_decode_forward_kernel<kQuant, T, R, W, OutT, AccT, 2>;
     int group_shift = 0;  // c.group = 2^group_shift
     while ((1 << group_shift) < c.group) ++group_shift;
-    cuda::launch(kernel, {.grid = dim3(c.ctas), .block = dim3(c.threads)}, a, group_shift,
+    FusedForwardArgs<T, R, W, OutT, AccT> d = a;
+    if (d.w == nullptr) d.offset = AccT(1);  // wo = 0 + 1 (weight_offset is 0 without a weight)
+    cuda::launch(kernel, {.grid = dim3(c.ctas), .block = dim3(c.threads)}, d, group_shift,
                  AccT(1) / static_cast<AccT>(a.s.N));
     return;
   }
