@@ -420,8 +420,8 @@ def test_plans_write_every_element(device, dtype, wdt):
     # this per-head weight takes the CTA-per-row backward
     group = dtype.itemsize // 2
     assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else
-                                  f"decode_rows<threads=256,group={group},cluster=1,vpt=1,ctas_per_sm=1,stages=0,smem=0,"
-                                  "row_groups=1,one_wave=0,prefetch_next=0>")
+                                  f"decode_rows<threads=256,group={group},cluster=1,vpt=1,ctas_per_sm=1,stages=0,"
+                                  "smem=0,row_groups=1,one_wave=0,prefetch_next=0>")
     x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random(wshape, wdt, device)
     args = baracuda_ops.RMSNormFusedArgs(x, r, w, poison(torch.empty(shape, dtype=desc.output_dtype, device=device)),
                                          poison(torch.empty(shape, device=device)),

@@ -169,7 +169,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     const AccT ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
     // wo = w + offset of this thread's vector j (column q).
-    const auto weight_of = [&](int q, AccT(&wo)[V]) { load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo); };
+    const auto weight_of = [&](int q, AccT(&wo)[V]) {
+      load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
+    };
     // y for vector j (element i) of this thread, as OutT rounds it.
     const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
       return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
