@@ -240,6 +240,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
     fused_decode_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group_shift, AccT inv_n) {
   constexpr int V = 16 / sizeof(T);
   __shared__ cuda::BlockSumScratch<AccT> sum_scratch, max_scratch;
+  AccT* const no_slots = nullptr;  // a decode row is one CTA's (no cluster)
   const int group = 1 << group_shift;
   const int u = threadIdx.x & (group - 1);
   const int row = blockIdx.x * (blockDim.x >> group_shift) + (threadIdx.x >> group_shift);
@@ -247,8 +248,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
   const bool live = row < M;
   const int N = static_cast<int>(a.s.N);
   const int nv = N / V;
-  // The weight row: row % H, where H > M reads as M (row < M either way).
-  const int heads = static_cast<int>(a.s.H < a.s.M ? a.s.H : a.s.M);
+  const int heads = static_cast<int>(a.s.H);  // the weight's rows; H divides M
   const W* wr = a.w != nullptr ? a.w + (heads == 1 || !live ? 0 : row % heads) * N : nullptr;
   float scale = 1.0f;
   if constexpr (kQuant) {
@@ -278,12 +278,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
     const int q = j * group + u;
     if (a.res != nullptr && live && q < nv) store_row_slice<R, V>(a.h_out + row * N + q * V, h[j]);
   }
-  AccT ss = chain[0] + chain[1];
-  if (group <= 32) {
-    for (int offset = group / 2; offset > 0; offset >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
-  } else {
-    ss = cuda::block_sum_once(ss, sum_scratch);
-  }
+  const AccT ss = row_sum<true>(chain[0] + chain[1], group, 1, sum_scratch, no_slots, 0, [] {});
   const AccT r = rsqrt_acc(ss * inv_n + a.eps);
   // y[j][i] as OutT rounds it.
   OutT y[Vpt][V];
@@ -312,14 +307,7 @@ __global__ void __launch_bounds__(fused::kDecodeMaxThreads)
 #pragma unroll
         for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y[j][i]));
       }
-      if (group <= 32) {
-        for (int offset = group / 2; offset > 0; offset >>= 1) {
-          amax = fp8_amax(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-        }
-      } else {
-        amax = block_max(amax, max_scratch);
-      }
-      scale = fp8_row_scale(amax);
+      scale = fp8_row_scale(row_max(amax, group, 1, max_scratch, no_slots, 0));
       if (live && u == 0) a.row_scale[row] = scale;
     }
 #pragma unroll

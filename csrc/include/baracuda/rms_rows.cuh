@@ -181,8 +181,9 @@ __device__ __forceinline__ void prefetch_row_part_l2(const T* row_start, int nv,
 // entries from row to row (parity), so a CTA never overwrites a slot another CTA
 // may still be reading: that read precedes the next row's cluster barrier.
 // while_waiting() runs between arriving at that barrier and waiting there (work
-// that needs no sum); without a cluster, once the sum is known.
-template <typename AccT, typename Fn>
+// that needs no sum); without a cluster, once the sum is known. kSumsOnce: a kernel that
+// sums one row once (cluster 1) skips the barrier after the block sum (cuda::block_sum_once).
+template <bool kSumsOnce = false, typename AccT, typename Fn>
 __device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, cuda::BlockSumScratch<AccT>& scratch,
                                         AccT* slots, int parity, Fn&& while_waiting) {
   if (group <= 32 && cluster == 1) {  // sub-warp rows (a 32-thread CTA of a cluster goes on below)
@@ -190,7 +191,7 @@ __device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, cuda::Bl
     while_waiting();
     return v;
   }
-  v = cuda::block_sum(v, scratch);
+  v = kSumsOnce ? cuda::block_sum_once(v, scratch) : cuda::block_sum(v, scratch);
   if (cluster == 1) {
     while_waiting();
     return v;
