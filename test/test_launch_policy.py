@@ -356,51 +356,61 @@ BANDWIDTH_CASES = [
      {"h200": ("cluster_row", dict(cluster=2, prefetch_next=0)),
       "h100": ("cluster_row", dict(cluster=2, prefetch_next=0))}),
     # Half-input rows of a whole warp: on an H200 a CTA of 32 threads each, streamed (12 KB of
-    # stages: the modelled 16 CTAs an SM, by the kernel's 128-register budget); on an H100
-    # eight a 256-thread CTA, in registers.
+    # stages: the modelled 16 CTAs an SM, by the kernel's 128-register budget), a dW partial row
+    # each (16 CTAs an SM are more than launch clusters keep resident); on an H100 eight a
+    # 256-thread CTA, in registers.
     ("rms_norm_backward", [131072, 1024, 2], BF16,
      {"h200": ("streamed_row", dict(group=32, block=32, stages=3, smem=3 * 2 * 4 * 32 * 16, row_groups=16 * SMS,
-                                    dw_sum=DW_ORDERED)),
+                                    dw_sum=DW_ORDERED, dw_fold=1)),
       "h100": ("warp_rows", dict(group=32, block=256, stages=0, smem=256 * 4 * 8 * 4, row_groups=2 * SMS,
-                                 dw_sum=DW_ORDERED))}),
+                                 dw_sum=DW_ORDERED, dw_fold=1))}),
     ("rms_norm_backward", [4096, 768, 0], F16,
-     {"h200": ("streamed_row", dict(group=32, block=32, stages=3, dw_sum=DW_NONE)),
+     {"h200": ("streamed_row", dict(group=32, block=32, stages=3, dw_sum=DW_NONE, dw_fold=1)),
       "h100": ("warp_rows", dict(group=32, block=256, dw_sum=DW_NONE))}),
+    # 4 to 8 CTAs an SM: launched in clusters of an SM's share that fold their dW sums into one
+    # partial row (dw_fold); 2 an SM, a partial row each.
     ("rms_norm_backward", [1024, 4096, 2], BF16,
      {"h200": ("streamed_row", dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS,
-                                    dw_sum=DW_ORDERED)),
+                                    dw_sum=DW_ORDERED, dw_fold=4)),
       "h100": ("cta_row", dict(block=128, stages=0, smem=128 * 4 * 8 * 4, row_groups=4 * SMS, dw_sum=DW_ORDERED))}),
     ("rms_norm_backward", [1024, 4096, 0], BF16,
-     {"h200": ("streamed_row", dict(block=128, stages=3, dw_sum=DW_NONE)),
+     {"h200": ("streamed_row", dict(block=128, stages=3, dw_sum=DW_NONE, dw_fold=1)),
       "h100": ("cta_row", dict(block=128, smem=0, dw_sum=DW_NONE))}),
     ("rms_norm_backward", [1024, 8192, 4], BF16,
-     {"h200": ("streamed_row", dict(block=256, stages=3, smem=3 * 2 * 4 * 256 * 16, row_groups=2 * SMS)),
+     {"h200": ("streamed_row", dict(block=256, stages=3, smem=3 * 2 * 4 * 256 * 16, row_groups=2 * SMS, dw_fold=1)),
       "h100": ("cta_row", dict(block=256, stages=0))}),
+    ("rms_norm_backward", [1100, 2048, 2], BF16,
+     {"h200": ("streamed_row", dict(block=64, row_groups=8 * SMS, dw_fold=8)),
+      "h100": ("cta_row", dict(block=64, dw_fold=1))}),
+    # A wave that does not fill the SMs evenly (a CTA a row): a partial row a CTA.
     ("rms_norm_backward", [SMS + 1, 4096, 2], F16,
-     {"h200": ("streamed_row", dict(block=128, dw_sum=DW_ORDERED)),
+     {"h200": ("streamed_row", dict(block=128, dw_sum=DW_ORDERED, row_groups=SMS + 1, dw_fold=1)),
       "h100": ("cta_row", dict(block=128, dw_sum=DW_ORDERED))}),
     # rms_norm_fused_backward of 16-bit rows of 64 to 512 threads x 4 vectors past the decode rows:
     # on an H200 dy, h and dres staged in shared memory (sized for all three), 3 rows ahead, 2 at
-    # N = 8192 (two CTAs an SM); as many CTAs as shared memory holds, a dW partial row each. On an
-    # H100 register rows.
+    # N = 8192 (two CTAs an SM); as many CTAs as shared memory holds, the CTAs of an SM's share
+    # folding their dW sums into one partial row where they are 4 to 8 (dw_fold). On an H100
+    # register rows.
     ("rms_norm_fused_backward", [4096, 2048, 1, 2], BF16,
      {"h200": ("streamed_rows", dict(threads=64, group=64, vpt=4, stages=3, smem=3 * 3 * 4 * 64 * 16,
-                                     row_groups=6 * SMS)),
-      "h100": ("register_rows", dict(threads=128, group=128, vpt=2, stages=0, smem=0))}),
+                                     row_groups=6 * SMS, dw_fold=6)),
+      "h100": ("register_rows", dict(threads=128, group=128, vpt=2, stages=0, smem=0, dw_fold=1))}),
     ("rms_norm_fused_backward", [4096, 4096, 1, 2], BF16,
-     {"h200": ("streamed_rows", dict(threads=128, vpt=4, stages=3, smem=3 * 3 * 4 * 128 * 16, row_groups=3 * SMS)),
+     {"h200": ("streamed_rows", dict(threads=128, vpt=4, stages=3, smem=3 * 3 * 4 * 128 * 16, row_groups=3 * SMS,
+                                     dw_fold=1)),
       "h100": ("register_rows", dict(threads=256, vpt=2, stages=0, row_groups=4 * SMS))}),
     ("rms_norm_fused_backward", [4096, 2560, 1, 0], F16,
-     {"h200": ("streamed_rows", dict(threads=128, vpt=4, stages=3, row_groups=3 * SMS)),
+     {"h200": ("streamed_rows", dict(threads=128, vpt=4, stages=3, row_groups=3 * SMS, dw_fold=1)),
       "h100": ("register_rows", dict(threads=256, vpt=2))}),
     ("rms_norm_fused_backward", [16384, 8192, 1, 2], BF16,
-     {"h200": ("streamed_rows", dict(threads=256, vpt=4, stages=2, smem=2 * 3 * 4 * 256 * 16, row_groups=2 * SMS)),
+     {"h200": ("streamed_rows", dict(threads=256, vpt=4, stages=2, smem=2 * 3 * 4 * 256 * 16, row_groups=2 * SMS,
+                                     dw_fold=1)),
       "h100": ("register_rows", dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS))}),
     ("rms_norm_fused_backward", [4096, 4096, 1, 2, 0], BF16,  # grad_out or h not bfloat16: register rows
      {"h200": ("register_rows", dict(threads=256, vpt=2, stages=0, row_groups=4 * SMS)),
       "h100": ("register_rows", dict(threads=256, vpt=2, stages=0, row_groups=4 * SMS))}),
     ("rms_norm_fused_backward", [SMS + 1, 4096, 1, 4], BF16,
-     {"h200": ("streamed_rows", dict(threads=128, row_groups=SMS + 1)),
+     {"h200": ("streamed_rows", dict(threads=128, row_groups=SMS + 1, dw_fold=1)),
       "h100": ("register_rows", dict(threads=256, row_groups=SMS + 1))}),
 ]
 
@@ -413,6 +423,21 @@ def test_policy_picks_by_bandwidth(case, facts):
     config = launch_config(op, problem, dtype, facts)
     assert config.kind == kind
     assert {name: config[name] for name in params} == params
+
+
+@pytest.mark.parametrize("op,problem,rows", [
+    ("rms_norm_backward", [131072, 1024, 2], 16 * SMS),
+    ("rms_norm_backward", [65536, 2048, 2], SMS),
+    ("rms_norm_backward", [1024, 8192, 2], 2 * SMS),
+    ("rms_norm_backward", [SMS + 1, 4096, 2], SMS + 1),
+    ("rms_norm_fused_backward", [4096, 2048, 1, 2], 6 * SMS // 6),
+    ("rms_norm_fused_backward", [SMS + 1, 4096, 1, 2], SMS + 1),
+])
+def test_dw_fold_sizes_the_workspace(op, problem, rows):
+    # The workspace holds one float32 dW partial row a launch cluster of dw_fold CTAs.
+    config = launch_config(op, problem, BF16, "h200")
+    assert config["row_groups"] // config["dw_fold"] == rows
+    assert config.workspace_bytes == rows * problem[1] * 4
 
 
 def test_h100_and_h200_facts_give_the_same_configs():

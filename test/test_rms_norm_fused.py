@@ -215,7 +215,8 @@ def test_cluster_rows_each_output_alone(device, dtype, mask):
 
 # Rows streamed through shared memory on CUDA (an H200's bandwidth; register rows elsewhere): 64 to 256
 # threads x 4 vectors, 3 rows staged (2 at N = 8192), a row whose last chunk is partial (2560), and more
-# rows than the grid's CTAs times their stages, so that every stage is refilled.
+# rows than the grid's CTAs times their stages, so that every stage is refilled; at 2048 the CTAs (6 an
+# SM) fold their dW sums in launch clusters (dw_fold).
 STREAMED_CASES = [(2500, 2048), (1300, 2560), (1300, 4096), (600, 8192)]
 
 
@@ -224,6 +225,9 @@ STREAMED_CASES = [(2500, 2048), (1300, 2560), (1300, 4096), (600, 8192)]
 def test_streamed_rows_match_float64(device, dtype, casting):
     if device.type != "cuda":
         pytest.skip("the streamed rows are a CUDA kernel (CPU rows: LONG_CASES)")
+    folds = [launch_config("rms_norm_fused_backward", [m, n, 1, 2], dtype, "h200")["dw_fold"]
+             for m, n in STREAMED_CASES]
+    assert folds == [6, 1, 1, 1]
     for (m, n), wdt, residual in itertools.product(STREAMED_CASES, (dtype, torch.float32), (None, dtype)):
         _check_backward((m, n), (n,), (n,), dtype, wdt, residual, casting, device)
 
@@ -421,7 +425,7 @@ def test_plans_write_every_element(device, dtype, wdt):
     group = dtype.itemsize // 2
     assert plan.sku().variant == ("cpu_rows" if device.type == "cpu" else
                                   f"decode_rows<threads=256,group={group},cluster=1,vpt=1,ctas_per_sm=1,stages=0,"
-                                  "smem=0,row_groups=1,one_wave=0,prefetch_next=0>")
+                                  "smem=0,row_groups=1,one_wave=0,prefetch_next=0,dw_fold=1>")
     x, r, w = random(shape, dtype, device), random(shape, torch.float32, device), random(wshape, wdt, device)
     args = baracuda_ops.RMSNormFusedArgs(x, r, w, poison(torch.empty(shape, dtype=desc.output_dtype, device=device)),
                                          poison(torch.empty(shape, device=device)),

@@ -29,7 +29,8 @@ def self_checks():
     # with x), 19 rows of 32776 the backward's cluster rows (5 CTAs a row, the last one's slice partly
     # past the row; float64's rows: the CTA-per-row kernel), 1300 rows of 2560 the backward's streamed
     # rows of 16-bit inputs on an H200 (every stage refilled, each row's last chunk of vectors partial),
-    # 33 rows of 200 the quant's decode rows.
+    # 2500 rows of 2048 those rows' CTAs folding dW in launch clusters, 33 rows of 200 the quant's
+    # decode rows.
     def forward(dtype, offset, m, n):
         def run(device):
             x, r = (torch.randn(m, n, device=device, dtype=dtype) for _ in range(2))
@@ -42,9 +43,12 @@ def self_checks():
 
     def backward(dtype, n, m=19):
         def run(device):
-            x, r = (torch.randn(m, n, device=device, dtype=torch.float64, requires_grad=True) for _ in range(2))
-            w = torch.randn(n, device=device, dtype=torch.float64, requires_grad=True)
-            dy, dh = (torch.randn(m, n, device=device, dtype=torch.float64) for _ in range(2))
+            def rounded(*shape):  # float64 values of `dtype`: the reference sees the kernel's inputs
+                return torch.randn(*shape, device=device, dtype=torch.float64).to(dtype).double()
+
+            x, r = (rounded(m, n).requires_grad_() for _ in range(2))
+            w = rounded(n).requires_grad_()
+            dy, dh = rounded(m, n), rounded(m, n)
             y_ref, h_ref = _reference(x, r, w)
             expected = torch.autograd.grad((y_ref, h_ref), (x, r, w), (dy, dh))
             args = [t.detach().to(dtype).requires_grad_() for t in (x, r, w)]
@@ -78,6 +82,7 @@ def self_checks():
         checks.append(SelfCheck("rms_norm_fused_backward", dtype, backward(dtype, 130)))
         checks.append(SelfCheck("rms_norm_fused_backward (19 x 32776)", dtype, backward(dtype, 32776)))
         checks.append(SelfCheck("rms_norm_fused_backward (1300 x 2560)", dtype, backward(dtype, 2560, 1300)))
+        checks.append(SelfCheck("rms_norm_fused_backward (2500 x 2048)", dtype, backward(dtype, 2048, 2500)))
         checks.append(SelfCheck("rms_norm_quant", dtype, quant(dtype)))
     return checks
 

@@ -137,10 +137,12 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
           });
         } else if (c.stages > 0) {
           with_bwd_streamed_kernel<scalar_t, W, acc_t, V>([&](auto kernel) {
+            // A launch cluster is a row's CTAs (cluster rows) or the CTAs that fold dW (dw_fold).
             cuda::launch(kernel,
-                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
-                          .smem = c.smem},
-                         gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.cluster);
+                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block),
+                          .cluster = c.cluster * c.dw_fold, .smem = c.smem},
+                         gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.cluster,
+                         c.dw_fold);
           });
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {
@@ -153,7 +155,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
           });
         }
         if (want_dw && !direct) {
-          launch_rms_dw_sum(parts, grad_weight.mutable_data_ptr<W>(), c.clusters, rows.N);
+          launch_rms_dw_sum(parts, grad_weight.mutable_data_ptr<W>(), c.dw_partial_rows(), rows.N);
         }
       });
     });

@@ -20,7 +20,9 @@ namespace {
 //   s = sum_i g_i * x_i;  dx_i = T(rstd * g_i - x_i * rstd^3 * s / N)
 //   dW: acc[i] += dy_i * x_i * rstd in registers, rows in order; at the end the
 //   thread's sums go to partials[p][col] (p = the cluster), or to dW itself when
-//   a single cluster runs (dw_direct), as in rms_norm_bwd_kernel.
+//   a single cluster runs (dw_direct), as in rms_norm_bwd_kernel. Rows of one CTA
+//   launched in clusters of `fold` CTAs (fold > 1) first add their CTAs' sums
+//   (fold_dw_in_cluster): p = blockIdx.x / fold.
 // Stage i % kStreamStages holds row i from its partial sum to its dx; it is
 // refilled (with row i + kStreamStages) after the next block sum's barrier, which
 // every thread reaches after row i's dx. The weight is held in registers as loaded.
@@ -28,7 +30,7 @@ template <typename T, typename W, typename AccT, int V>
 __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     rms_norm_bwd_streamed_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                                  const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
-                                 W* __restrict__ dw_direct, int64_t M, int N, int cluster) {
+                                 W* __restrict__ dw_direct, int64_t M, int N, int cluster, int fold) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int Vpt = kVpt;
   using Raw = cuda::RawVec<T, V>;
@@ -75,15 +77,15 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   if (rows.count > 0) {
     AccT r = rstd[rows.row_of(0)];
     AccT r_next = rows.count > 1 ? rstd[rows.row_of(1)] : AccT(0);
-    rows.sum.publish(partial_sum(0, r), 0);
+    AccT own = rows.sum.publish(partial_sum(0, r), 0);
     for (int64_t i = 0; i < rows.count; ++i) {
       const bool more = i + 1 < rows.count;
       const AccT r_after = i + 2 < rows.count ? rstd[rows.row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
       AccT part_next = 0;
       if (more) part_next = partial_sum(i + 1, r_next);
-      const AccT s = rows.sum.collect(i & 1);
+      const AccT s = rows.sum.collect(i & 1, own);
       if (more) {
-        rows.sum.publish(part_next, (i + 1) & 1);
+        own = rows.sum.publish(part_next, (i + 1) & 1);
         // Past the block sum's barrier every thread has written row i - 1's dx.
         if (threadIdx.x == 0 && i >= 1 && i - 1 + rows.kStages < rows.count) rows.refill(i - 1 + rows.kStages);
       }
@@ -92,11 +94,14 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       r_next = r_after;
     }
   }
-  if (want_dw) {
+  if (want_dw && fold > 1) {
+    fold_dw_in_cluster<Vpt, V>(reinterpret_cast<AccT*>(rows.staged.smem), rows.staged.nv, N, fold,
+                               rows.staged.L.row_threads, rows.staged.L.u, partials, [&](int k) { return dw[k]; });
+  } else if (want_dw) {
     store_thread_dw<Vpt, V>(rows.staged.L, cluster, rows.staged.nv, N, partials, dw_direct,
                             [&](int k) { return dw[k]; });
   }
-  cg::this_cluster().sync();  // no CTA leaves while another still reads its slots
+  cg::this_cluster().sync();  // no CTA leaves while another still reads its slots or dW sums
 #else
   __trap();  // clusters and bulk copies: chosen only on sm_90 and newer
 #endif

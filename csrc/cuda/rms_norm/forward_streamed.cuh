@@ -63,12 +63,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 2)
       cuda::store_vec<T, V>(y + row * N + int64_t(j * rows.staged.L.row_threads + rows.staged.L.u) * V, out);
     }
   };
-  if (rows.count > 0) rows.sum.publish(squares(0), 0);
+  AccT own = rows.count > 0 ? rows.sum.publish(squares(0), 0) : AccT(0);
   for (int64_t i = 0; i < rows.count; ++i) {
     const bool more = i + 1 < rows.count;
     const AccT next = more ? squares(i + 1) : AccT(0);
-    const AccT ss = rows.sum.collect(i & 1);
-    if (more) rows.sum.publish(next, (i + 1) & 1);
+    const AccT ss = rows.sum.collect(i & 1, own);
+    if (more) own = rows.sum.publish(next, (i + 1) & 1);
     write_y(i, ss);
     __syncthreads();  // every thread is done with row i's stage
     if (threadIdx.x == 0 && i + rows.kStages < rows.count) rows.refill(i + rows.kStages);

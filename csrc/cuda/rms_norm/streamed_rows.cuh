@@ -53,29 +53,36 @@ struct StagedRowSlices {
 };
 
 // A row's sum over the CTAs of its cluster, split around other work: publish sums
-// the CTA's threads (block_sum_once on the parity's scratch: one barrier), puts the
-// CTA's sum in its slot and arrives at the cluster barrier; collect waits there and
-// adds the CTAs' sums in rank order (row_sum's order: the same bits). Rows alternate
-// between two parities: a slot is rewritten two rows later, past the next row's
-// cluster barrier, which follows every CTA's read of it. A CTA that is its own
-// cluster passes straight through the barrier.
+// the CTA's threads (block_sum_once on the parity's scratch: one barrier) and returns
+// that sum; with a cluster it also puts the sum in the CTA's slot and arrives at the
+// cluster barrier, and collect waits there and adds the CTAs' sums in rank order
+// (row_sum's order: the same bits). A CTA that is its own row's cluster takes its own
+// sum without a cluster barrier (its launch cluster may be wider: dW fold). Rows
+// alternate between two parities: a slot or scratch is rewritten two rows later, past
+// the next row's barrier, which follows every read of it.
 template <typename AccT>
 struct ClusterRowSum {
   cuda::BlockSumScratch<AccT>* scratch;  // two, by parity
   AccT* slots;                           // two, by parity
   int cluster;
 
-  __device__ void publish(AccT part, int parity) const {
+  __device__ AccT publish(AccT part, int parity) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const AccT v = cuda::block_sum_once(part, scratch[parity]);
-    if (threadIdx.x == 0) slots[parity] = v;
-    cooperative_groups::this_cluster().barrier_arrive();
+    if (cluster > 1) {
+      if (threadIdx.x == 0) slots[parity] = v;
+      cooperative_groups::this_cluster().barrier_arrive();
+    }
+    return v;
 #else
     __trap();
+    return part;
 #endif
   }
 
-  __device__ AccT collect(int parity) const {
+  // Row sum of the parity's row, whose CTA sum publish returned as `own`.
+  __device__ AccT collect(int parity, AccT own) const {
+    if (cluster == 1) return own;
     return cluster_slots_fold(slots, parity, cluster, AccT(0), [](AccT a, AccT b) { return a + b; });
   }
 };

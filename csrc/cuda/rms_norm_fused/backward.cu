@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
 // are brought into shared memory by bulk copies `stages` rows ahead of their use, so a
 // CTA's next rows are in flight while it sums and stores one. Per row (g = dy * wo):
 //   s = sum g * h;  d = rstd * g - h * rstd^3 * s / N (+ dres), written to dx and dr;
-//   dW: dy * x_hat summed over the CTA's rows in registers, one partial row per CTA.
+//   dW: dy * x_hat summed over the CTA's rows in registers, one partial row per CTA,
+//   or per launch cluster of `fold` CTAs (fold > 1: fold_dw_in_cluster).
 // Stage i % stages holds row i; once every thread has stored row i's d (a barrier) it
 // takes row i + stages. The weight stays in registers as loaded.
 template <typename T, typename W, typename AccT>
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     fused_streamed_backward_kernel(const T* __restrict__ dy, const T* __restrict__ dres, const T* __restrict__ h,
                                    const AccT* __restrict__ rstd, const W* __restrict__ w, T* __restrict__ dx,
                                    T* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int stages,
-                                   AccT offset, bool llama) {
+                                   AccT offset, bool llama, int fold) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int V = 16 / sizeof(T);
   constexpr int Vpt = fused::kStreamVpt;
@@ -231,7 +232,11 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     r = r_next;
     r_next = r_after;
   }
-  if (dw_partials != nullptr) {
+  if (dw_partials != nullptr && fold > 1) {
+    fold_dw_in_cluster<Vpt, V>(reinterpret_cast<AccT*>(fused_smem), nv, N, fold, group, threadIdx.x, dw_partials,
+                               [&](int k) { return dw[k / V][k % V]; });
+    cooperative_groups::this_cluster().sync();  // the cluster's CTAs have read this CTA's sums
+  } else if (dw_partials != nullptr) {
     AccT* part = dw_partials + int64_t(blockIdx.x) * N;
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
@@ -354,8 +359,14 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else if (c.kind == FusedKernel::kStreamedRows) {
       if constexpr (sizeof(T) == 2 && std::is_same_v<R, T> && std::is_same_v<OutT, T>) {
-        partial_rows = launch_register_rows(fused_streamed_backward_kernel<T, W, AccT>, c, dy_p, dres_p, h_p, rstd_p,
-                                            w_p, dx, dr, partials, rows, c.stages, offset, llama);
+        // One wave of the compiled kernel, folding dW in launch clusters of c.dw_fold CTAs
+        // where that wave splits into them.
+        const auto kernel = fused_streamed_backward_kernel<T, W, AccT>;
+        const int64_t groups = std::min(c.ctas, cuda::resident_groups(kernel, c.threads, 1, c.smem));
+        const int fold = groups % c.dw_fold == 0 ? c.dw_fold : 1;
+        cuda::launch(kernel, {.grid = dim3(groups), .block = dim3(c.threads), .cluster = fold, .smem = c.smem}, dy_p,
+                     dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.stages, offset, llama, fold);
+        partial_rows = groups / fold;
       } else {
         TORCH_CHECK(false, op, ": no streamed kernel for these dtypes");  // the policy streams 16-bit rows only
       }

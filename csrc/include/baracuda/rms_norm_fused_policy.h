@@ -88,6 +88,8 @@ struct FusedLaunchConfig {
                          // (its rows by grid stride); else a CTA (or cluster) per row group
   bool prefetch_next = false;  // backward kRegisterRows: each CTA fetches its next row into L2 (fused_prefetches_next)
   int64_t workspace = 0;  // backward: bytes of the dW partial rows
+  int dw_fold = 1;        // backward kStreamedRows: CTAs of a launch cluster that add their dW sums
+                          // into one partial row (rms_dw_fold)
 
   bool register_kind() const {
     return kind == FusedKernel::kRegisterRows || kind == FusedKernel::kDecodeRows ||
@@ -252,7 +254,8 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
       const int64_t per_sm =
           std::min<int64_t>(f.smem_per_sm / (c.smem + kCtaSmemReserve), f.max_threads_per_sm / c.threads);
       c.ctas = std::max<int64_t>(1, std::min(p.M, per_sm * f.num_sms));
-      c.workspace = p.dw ? c.ctas * p.N * p.acc_bytes : 0;
+      c.dw_fold = p.dw ? rms_dw_fold(c.ctas, f) : 1;  // the stages hold a float per column twice over
+      c.workspace = p.dw ? c.ctas / c.dw_fold * p.N * p.acc_bytes : 0;
       return c;
     }
   }
@@ -322,7 +325,7 @@ inline LaunchConfigView fused_view(const FusedLaunchConfig& c) {
   v.params = {{"threads", c.threads}, {"group", c.group},         {"cluster", c.cluster},
               {"vpt", c.vpt},         {"ctas_per_sm", c.min_ctas}, {"stages", c.stages},
               {"smem", c.smem},       {"row_groups", c.ctas},        {"one_wave", c.one_wave},
-              {"prefetch_next", c.prefetch_next}};
+              {"prefetch_next", c.prefetch_next}, {"dw_fold", c.dw_fold}};
   v.workspace_bytes = c.workspace;
   return v;
 }

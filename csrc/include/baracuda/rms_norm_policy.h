@@ -121,9 +121,13 @@ struct RmsLaunchConfig {
   int64_t dw_columns = 0;  // kDecodeRow backward: CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators, staged rows)
   RmsDwSum dw = RmsDwSum::kNone;
+  int dw_fold = 1;       // kStreamedRow with kOrdered: CTAs of a launch cluster that add their dW sums
+                         // before writing them (fold_dw_in_cluster); 1: a partial row a row group
 
   bool decode() const { return kind == RmsKernel::kDecodeRow; }
   bool two_pass() const { return kind == RmsKernel::kTwoPassRow; }
+  // The dW partial rows the kernel writes (kOrdered).
+  int64_t dw_partial_rows() const { return clusters / dw_fold; }
 };
 
 // The compiled kernel's occupancy, which the grid of the kinds that walk rows by
@@ -315,6 +319,21 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   return c;
 }
 
+// CTAs of a launch cluster that fold their dW sums into one partial row (one-CTA rows
+// of a single wave of `ctas`): all of an SM's share of the wave where that share is 4 to
+// kMaxCluster CTAs, so that the dW sum reads one partial row an SM; else 1. Fewer
+// partial rows pay where there are many: on an H200 the backward at [65536, 2048] bf16
+// (8 CTAs an SM) takes 199 us folded and 203 us not, at [32768, 4096] (4) 200 against
+// 203-204; at 2 or 3 CTAs an SM the difference is within noise. More than 8 CTAs an SM
+// do not fit in clusters: 2112 CTAs of 32 threads, 16 an SM alone, in clusters of 8 or
+// 16 keep 132 clusters resident (Nsight Compute's Max Active Clusters), half the wave,
+// and run 1.25x slower.
+inline int rms_dw_fold(int64_t ctas, const DeviceFacts& f) {
+  if (ctas % f.num_sms != 0) return 1;
+  const int64_t per_sm = ctas / f.num_sms;
+  return per_sm >= 4 && per_sm <= rms::kMaxCluster ? static_cast<int>(per_sm) : 1;
+}
+
 // The grid of a shape from rms_launch_shape, and the dW sum that follows from it.
 inline RmsLaunchConfig rms_launch_grid(RmsLaunchConfig c, const RmsProblem& p, const DeviceFacts& f,
                                        const RmsOccupancy& occ) {
@@ -349,6 +368,9 @@ inline RmsLaunchConfig rms_launch_grid(RmsLaunchConfig c, const RmsProblem& p, c
     c.dw = c.dw_columns > 0 ? RmsDwSum::kColumns
            : c.clusters == 1 && !c.two_pass() ? RmsDwSum::kDirect
                                               : RmsDwSum::kOrdered;
+    // Streamed rows of one CTA fold in clusters: their stages (x and dy of three rows)
+    // hold a float per column several times over, which the fold's sums reuse.
+    if (c.dw == RmsDwSum::kOrdered && c.kind == RmsKernel::kStreamedRow) c.dw_fold = rms_dw_fold(c.clusters, f);
   }
   return c;
 }
@@ -363,7 +385,7 @@ RmsLaunchConfig rms_launch_config(const RmsProblem& p, const DeviceFacts& f, Occ
 
 // Bytes of the dW partial rows (RmsDwSum::kOrdered), else 0.
 inline int64_t rms_dw_workspace_bytes(const RmsLaunchConfig& c, const RmsProblem& p) {
-  return c.dw == RmsDwSum::kOrdered ? c.clusters * p.N * rms::acc_bytes_of(p.dtype) : 0;
+  return c.dw == RmsDwSum::kOrdered ? c.dw_partial_rows() * p.N * rms::acc_bytes_of(p.dtype) : 0;
 }
 
 // The occupancy of the kernel a shape launches, modelled from the facts for a
@@ -410,7 +432,8 @@ inline const char* rms_kernel_name(RmsKernel k) {
 }
 
 // The config as the Plan API and the tests read it. dw_sum: RmsDwSum's value
-// (0 none, 1 direct, 2 by columns, 3 ordered sum of partial rows).
+// (0 none, 1 direct, 2 by columns, 3 ordered sum of partial rows); dw_fold: CTAs a
+// partial row (rms_dw_fold).
 inline LaunchConfigView rms_view(const RmsLaunchConfig& c, const RmsProblem& p) {
   LaunchConfigView v;
   v.kind = rms_kernel_name(c.kind);
@@ -425,7 +448,8 @@ inline LaunchConfigView rms_view(const RmsLaunchConfig& c, const RmsProblem& p) 
               {"row_groups", c.clusters},
               {"dw_columns", c.dw_columns},
               {"smem", c.smem},
-              {"dw_sum", static_cast<int64_t>(c.dw)}};
+              {"dw_sum", static_cast<int64_t>(c.dw)},
+              {"dw_fold", c.dw_fold}};
   v.workspace_bytes = rms_dw_workspace_bytes(c, p);
   return v;
 }

@@ -204,6 +204,43 @@ __device__ __forceinline__ AccT row_sum(AccT v, int group, int cluster, cuda::Bl
   return cluster_slots_fold(slots, parity, cluster, AccT(0), [](AccT a, AccT b) { return a + b; });
 }
 
+// A backward CTA's dW sums folded over its launch cluster of `fold` CTAs before they
+// are written (rows of one CTA, streamed): the CTA puts thread t's sums at their columns
+// in `sums` (its shared memory, N AccT; vectors q = j * row_threads + u, as the rows map
+// them), the cluster syncs, and CTA rank k adds columns c = k * blockDim.x + t, c +
+// fold * blockDim.x, ... over the cluster's CTAs in rank order into partial row
+// blockIdx.x / fold. One partial row a cluster instead of one a CTA: the dW sum reads
+// fold times fewer (at [65536, 2048] bf16, 8 CTAs an SM: 132 rows for 1056). The
+// caller's rows must be done with `sums` (a barrier precedes the stores) and the
+// caller syncs the cluster again before its CTAs exit, as the other CTAs read `sums`.
+template <int Vpt, int V, typename AccT, typename SumAt>
+__device__ __forceinline__ void fold_dw_in_cluster(AccT* sums, int nv, int64_t N, int fold, int row_threads, int u,
+                                                   AccT* __restrict__ partials, SumAt&& sum_at) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < Vpt; ++j) {
+    const int q = j * row_threads + u;
+    if (q >= nv) continue;
+    AccT v[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = sum_at(j * V + i);
+    store_row_slice<AccT, V>(sums + int64_t(q) * V, v);
+  }
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  cl.sync();
+  AccT* out = partials + int64_t(blockIdx.x / fold) * N;
+  const int64_t stride = int64_t(fold) * blockDim.x;
+  for (int64_t c = int64_t(cl.block_rank()) * blockDim.x + threadIdx.x; c < N; c += stride) {
+    AccT s = 0;
+    for (int rank = 0; rank < fold; ++rank) s += *cl.map_shared_rank(sums + c, rank);
+    out[c] = s;
+  }
+#else
+  __trap();  // clusters: chosen only on sm_90 and newer
+#endif
+}
+
 namespace {
 
 // dw[c] = sum_{p = 0 .. P-1} partials[p][c] (C columns): thread (c, s) adds p = s, s + S,
