@@ -142,7 +142,9 @@ struct SumRows {
 // sizeof(acc_t) columns, held in registers for the whole bag and stored to out
 // once (loops over the vectors unrolled: rolled, the compiler kept them on the
 // stack and copied them out per bag); each entry prefetches the block's lines
-// of the row kSumPrefetchAhead entries on, between its adds. Without
+// of the row kSumPrefetchAhead entries on, between its adds, except the input's
+// last kSumPrefetchAhead entries, which take a loop of their own without it (a
+// bound on the look-ahead in the one loop cost three instructions an entry). Without
 // per-sample weights nothing is multiplied (1 * x == x, so the bits are those
 // of acc + 1 * x; the multiply took a third of the time).
 template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
@@ -155,39 +157,49 @@ template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc
   const scalar_t* weight = s.weight;
   const index_t* indices = s.indices;
   const scalar_t* psw = s.psw;
-  const int64_t D = s.D, last = s.N - 1, padding_idx = s.padding_idx;
+  const int64_t D = s.D, N = s.N, padding_idx = s.padding_idx;
   const uint64_t V = s.V;
   int64_t* offset2bag = s.offset2bag;
   cpu::Vec<acc_t, kPer> a[kVecs];
 #pragma GCC unroll 16
   for (int v = 0; v < kVecs; ++v) a[v] = cpu::Vec<acc_t, kPer>{};  // in registers (`= {}` became a memset)
   int64_t count = end - begin;  // less the padding entries
-  for (int64_t i = begin; i < end; ++i) {
-    offset2bag[i] = b;
-    const int64_t idx = static_cast<int64_t>(indices[i]);
-    if (static_cast<uint64_t>(idx) >= V) {
-      s.out_of_range->store(true, std::memory_order_relaxed);
-      continue;
-    }
-    if (idx == padding_idx) {
-      --count;
-      continue;
-    }
-    const scalar_t* row = weight + idx * D + c0;
-    const char* ahead = static_cast<const char*>(
-        row_address(weight, static_cast<int64_t>(indices[std::min(i + kSumPrefetchAhead, last)]), D, c0));
+  const auto add_entries = [&](auto prefetch, int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) {
+      offset2bag[i] = b;
+      const int64_t idx = static_cast<int64_t>(indices[i]);
+      if (static_cast<uint64_t>(idx) >= V) {
+        s.out_of_range->store(true, std::memory_order_relaxed);
+        continue;
+      }
+      if (idx == padding_idx) {
+        --count;
+        continue;
+      }
+      const scalar_t* row = weight + idx * D + c0;
+      const char* ahead = nullptr;
+      if constexpr (decltype(prefetch)::value) {
+        ahead = static_cast<const char*>(
+            row_address(weight, static_cast<int64_t>(indices[i + kSumPrefetchAhead]), D, c0));
+      }
 #pragma GCC unroll 16
-    for (int v = 0; v < kVecs; ++v) {
-      if ((v * kPer * int(sizeof(scalar_t))) % 64 == 0) __builtin_prefetch(ahead + v * kPer * sizeof(scalar_t));
-      cpu::Vec<acc_t, kPer> x;
-      cpu::load_vec<acc_t, kPer>(row + v * kPer, x);
-      if constexpr (kWeighted) {
-        a[v] += static_cast<acc_t>(psw[i]) * x;
-      } else {
-        a[v] += x;
+      for (int v = 0; v < kVecs; ++v) {
+        if constexpr (decltype(prefetch)::value) {
+          if ((v * kPer * int(sizeof(scalar_t))) % 64 == 0) __builtin_prefetch(ahead + v * kPer * sizeof(scalar_t));
+        }
+        cpu::Vec<acc_t, kPer> x;
+        cpu::load_vec<acc_t, kPer>(row + v * kPer, x);
+        if constexpr (kWeighted) {
+          a[v] += static_cast<acc_t>(psw[i]) * x;
+        } else {
+          a[v] += x;
+        }
       }
     }
-  }
+  };
+  const int64_t split = std::min(std::max(N - kSumPrefetchAhead, begin), end);
+  add_entries(std::true_type{}, begin, split);
+  add_entries(std::false_type{}, split, end);
   const bool divide = s.mean && count > 0;
 #pragma GCC unroll 16
   for (int v = 0; v < kVecs; ++v) {
