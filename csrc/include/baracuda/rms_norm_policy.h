@@ -321,13 +321,11 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
 
 // CTAs of a launch cluster that fold their dW sums into one partial row (one-CTA rows
 // of a single wave of `ctas`): all of an SM's share of the wave where that share is 4 to
-// kMaxCluster CTAs, so that the dW sum reads one partial row an SM; else 1. Fewer
-// partial rows pay where there are many: on an H200 the backward at [65536, 2048] bf16
-// (8 CTAs an SM) takes 199 us folded and 203 us not, at [32768, 4096] (4) 200 against
-// 203-204; at 2 or 3 CTAs an SM the difference is within noise. More than 8 CTAs an SM
-// do not fit in clusters: 2112 CTAs of 32 threads, 16 an SM alone, in clusters of 8 or
-// 16 keep 132 clusters resident (Nsight Compute's Max Active Clusters), half the wave,
-// and run 1.25x slower.
+// kMaxCluster CTAs, so that the dW sum reads one partial row an SM; else 1. The fold
+// pays only where partial rows are many (4 or more an SM; docs/PERFORMANCE.md has the
+// measurements). Past 8 CTAs an SM the clusters do not all fit: 2112 CTAs of 32 threads
+// (16 an SM alone) in clusters of 8 or 16 keep 132 clusters resident on an H200 (Nsight
+// Compute's Max Active Clusters), half the wave.
 inline int rms_dw_fold(int64_t ctas, const DeviceFacts& f) {
   if (ctas % f.num_sms != 0) return 1;
   const int64_t per_sm = ctas / f.num_sms;
