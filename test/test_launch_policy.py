@@ -440,6 +440,24 @@ def test_dw_fold_sizes_the_workspace(op, problem, rows):
     assert config.workspace_bytes == rows * problem[1] * 4
 
 
+# The dW sum's CTAs (dw_sum_cols x dw_sum_slices): 32 x 8 over fewer than 512 partial rows,
+# 8 x 64 from 512 on; none without partial rows.
+@pytest.mark.parametrize("facts", ["h100", "h200"])
+@pytest.mark.parametrize("problem,dtype,rows,shape", [
+    ([131072, 1024, 2], BF16, {"h200": 16 * SMS, "h100": 2 * SMS}, {"h200": (8, 64), "h100": (32, 8)}),
+    ([131072, 1024, 4], F32, {"h200": 8 * SMS, "h100": 8 * SMS}, {"h200": (8, 64), "h100": (8, 64)}),
+    ([65536, 2048, 2], BF16, {"h200": SMS, "h100": 8 * SMS}, {"h200": (32, 8), "h100": (8, 64)}),
+    ([100000, 2560, 2], BF16, {"h200": SMS, "h100": 5 * SMS}, {"h200": (32, 8), "h100": (8, 64)}),
+    ([16384, 8192, 2], BF16, {"h200": 2 * SMS, "h100": 2 * SMS}, {"h200": (32, 8), "h100": (32, 8)}),
+    ([32, 4096, 2], BF16, {"h200": 0, "h100": 0}, {"h200": (0, 0), "h100": (0, 0)}),  # dW by column CTAs
+    ([4096, 1024, 0], BF16, {"h200": 0, "h100": 0}, {"h200": (0, 0), "h100": (0, 0)}),  # no dW
+])
+def test_dw_sum_shape_follows_the_partial_rows(problem, dtype, rows, shape, facts):
+    config = launch_config("rms_norm_backward", problem, dtype, facts)
+    assert config.workspace_bytes == rows[facts] * problem[1] * 4
+    assert (config["dw_sum_cols"], config["dw_sum_slices"]) == shape[facts]
+
+
 def test_h100_and_h200_facts_give_the_same_configs():
     # The facts differ only in DRAM bandwidth, which these choices do not depend on.
     for op, problem, dtype, *_ in CASES:

@@ -257,13 +257,15 @@ def test_backward_rows_of_one_cta_streamed(device, dtype, wdt, n, m):
     # fewer rows than stages (m = 133: one or two rows a CTA), a last chunk partly past the
     # row (n = 1032: 129 vectors over 64 threads; n = 776: 97 vectors over a warp's 4 x 32),
     # rows of one warp (n = 1024, 776), no weight, and each output alone; at m = 5000 rows of
-    # 2048 and 1032 (8 CTAs an SM) the CTAs fold their dW sums in launch clusters (dw_fold).
+    # 2048 and 1032 (8 CTAs an SM) the CTAs fold their dW sums in launch clusters (dw_fold),
+    # and rows of one warp (16 CTAs an SM, 2112 partial rows) take the dW sum over every SM.
     if device.type != "cuda":
         pytest.skip("the streamed kernel: CUDA only (the CPU path is covered by the row sweep)")
     config = rms_config(m, n, dtype, backward=True, dw_dtype=wdt)
     assert config.kind == "streamed_row"
     per_sm, rest = divmod(config["row_groups"], 132)  # the recorded H200's SMs
     assert config["dw_fold"] == (per_sm if rest == 0 and 4 <= per_sm <= 8 else 1)
+    assert config["dw_sum_slices"] == (64 if config["row_groups"] // config["dw_fold"] >= 512 else 8)
     x, g = random((m, n), dtype, device), random((m, n), dtype, device)
     w = random((n,), wdt, device) if wdt is not None else None
     _, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)

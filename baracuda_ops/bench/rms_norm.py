@@ -53,11 +53,12 @@ def self_checks():
             # more than 256 threads, float32 at 5120 and 16-bit elements at 16384,
             # grouped dW slots; 16-bit rows of a warp, 776 and 1024, on an H200 a 32-thread
             # CTA each, staged; at 1100 x 2048 and 600 x 4096 a full wave of 8 and 4 an
-            # SM, whose CTAs fold dW in launch clusters), a row per cluster (CUDA: weight
+            # SM, whose CTAs fold dW in launch clusters; at 600 x 1024 600 partial rows, which the
+            # dW sum spreads over every SM), a row per cluster (CUDA: weight
             # staged in shared memory, wholly or partly; with a float32 weight on
             # a half input x and dy staged by bulk copies, at 40000 in part).
             shapes = ((1, 4096), (1, 16384), (1, 32768), (6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40),
-                      (200, 776), (300, 1024), (1100, 2048), (200, 4096), (600, 4096), (100, 5120), (48, 16384),
+                      (200, 776), (300, 1024), (600, 1024), (1100, 2048), (200, 4096), (600, 4096), (100, 5120), (48, 16384),
                       (150, 32768), (20, 40000))
             for (m, n), wdt in itertools.product(shapes, weight_dtypes(dtype)):
                 x = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True)

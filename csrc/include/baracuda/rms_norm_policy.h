@@ -48,9 +48,12 @@ constexpr int kDecodeVpt = 2;        // backward decode rows: vectors per thread
 constexpr int kRowsBlock = 256;      // CTA size when several short rows share a CTA
 constexpr int kMaxCluster = 8;       // portable thread-block cluster size
 constexpr int kLoopedThreads = 512;  // CTA size of the two-pass kernels
-constexpr int kReduceCols = 32;      // dW sum: columns per CTA
 constexpr int kDwColumnVectors = 32; // decode rows' dW column CTAs: column vectors each, one a lane
-constexpr int kReduceSlices = 8;     // dW sum: partial-row slices per column
+constexpr int kReduceCols = 32;      // dW sum of few partial rows: columns per CTA
+constexpr int kReduceSlices = 8;     // dW sum of few partial rows: partial-row slices per column
+constexpr int kReduceThreads = 512;  // dW sum of many partial rows: threads per CTA (columns x slices)
+constexpr int kManyDwCols = 8;       // dW sum of many partial rows: columns per CTA
+constexpr int kManyDwRows = 512;     // partial rows from which the dW sum spreads over every SM
 constexpr int kStreamStages = 3;     // streamed kernels: rows staged in shared memory
 // Copy bandwidth (read + write, bytes/s) from which the backward streams half-input rows of one
 // CTA and the forward rows of kStreamedFwdMinRow or more: an H200 (4.19e12) needs more bytes in
@@ -381,6 +384,27 @@ RmsLaunchConfig rms_launch_config(const RmsProblem& p, const DeviceFacts& f, Occ
   return rms_launch_grid(shape, p, f, rms_needs_occupancy(shape, p.backward) ? occupancy(shape) : RmsOccupancy{});
 }
 
+// The CTAs of the sum of P dW partial rows of C columns (rms_dw_sum_kernel): `cols`
+// columns of `slices` partial-row slices each, C / cols of them. The sum runs after the
+// row kernel ends, and its time is its longest chain of loads: a thread adds P / slices
+// rows in order. Few partial rows (P < kManyDwRows, four an SM): 32 columns x 8 slices,
+// whose threads read 128-byte segments and add their slices in few steps; there the
+// chains are short already, and wider CTAs measured as fast or slower (decode rows,
+// where the sum is a few hundred ns; 264 and 396 partial rows). Many: 8 columns x 64
+// slices (32-byte segments, a sector each), so that every SM holds CTAs and each
+// thread's chain is short (P = 2112 at [131072, 1024] bf16: 32 CTAs of 264 loads a
+// thread against 128 CTAs of 33).
+struct RmsDwSumShape {
+  int cols = 0;
+  int slices = 0;
+  int64_t ctas = 0;
+};
+inline RmsDwSumShape rms_dw_sum_shape(int64_t P, int64_t C) {
+  const bool many = P >= rms::kManyDwRows;
+  const int cols = many ? rms::kManyDwCols : rms::kReduceCols;
+  return {cols, many ? rms::kReduceThreads / cols : rms::kReduceSlices, rms::ceil_div<int64_t>(C, cols)};
+}
+
 // Bytes of the dW partial rows (RmsDwSum::kOrdered), else 0.
 inline int64_t rms_dw_workspace_bytes(const RmsLaunchConfig& c, const RmsProblem& p) {
   return c.dw == RmsDwSum::kOrdered ? c.dw_partial_rows() * p.N * rms::acc_bytes_of(p.dtype) : 0;
@@ -431,8 +455,10 @@ inline const char* rms_kernel_name(RmsKernel k) {
 
 // The config as the Plan API and the tests read it. dw_sum: RmsDwSum's value
 // (0 none, 1 direct, 2 by columns, 3 ordered sum of partial rows); dw_fold: CTAs a
-// partial row (rms_dw_fold).
+// partial row (rms_dw_fold); dw_sum_cols, dw_sum_slices: the sum's CTA
+// (rms_dw_sum_shape), 0 without partial rows.
 inline LaunchConfigView rms_view(const RmsLaunchConfig& c, const RmsProblem& p) {
+  const RmsDwSumShape sum = c.dw == RmsDwSum::kOrdered ? rms_dw_sum_shape(c.dw_partial_rows(), p.N) : RmsDwSumShape{};
   LaunchConfigView v;
   v.kind = rms_kernel_name(c.kind);
   v.params = {{"vec_bytes", int64_t(c.vec) * int64_t(c10::elementSize(p.dtype))},
@@ -447,7 +473,9 @@ inline LaunchConfigView rms_view(const RmsLaunchConfig& c, const RmsProblem& p) 
               {"dw_columns", c.dw_columns},
               {"smem", c.smem},
               {"dw_sum", static_cast<int64_t>(c.dw)},
-              {"dw_fold", c.dw_fold}};
+              {"dw_fold", c.dw_fold},
+              {"dw_sum_cols", sum.cols},
+              {"dw_sum_slices", sum.slices}};
   v.workspace_bytes = rms_dw_workspace_bytes(c, p);
   return v;
 }

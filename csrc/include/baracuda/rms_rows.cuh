@@ -243,40 +243,44 @@ __device__ __forceinline__ void fold_dw_in_cluster(AccT* sums, int nv, int64_t N
 
 namespace {
 
-// dw[c] = sum_{p = 0 .. P-1} partials[p][c] (C columns): thread (c, s) adds p = s, s + S,
-// ... in order, then the S slice sums are added in slice order. Deterministic.
+// dw[c] = sum_{p = 0 .. P-1} partials[p][c] (C columns), by CTAs of rms_dw_sum_shape:
+// thread (c, s) of blockDim (cols, kSlices) adds p = s, s + kSlices, ... in order, then
+// the slice sums are added pairwise (slice s and s + half, halving). Deterministic: the
+// order depends on P and C alone. The slices' stride is a compile-time constant, so the
+// compiler keeps several of a thread's loads in flight (with a run-time stride it issued
+// them one at a time, and the sum took longer than the rest of the backward's tail).
 // Launched early (cuda::LaunchShape): its CTAs start while the backward kernel that
 // writes the partials still runs, and wait here for it to end.
-template <typename AccT, typename W>
-__global__ void __launch_bounds__(rms::kReduceCols* rms::kReduceSlices)
+template <typename AccT, typename W, int kSlices>
+__global__ void __launch_bounds__(rms::kReduceThreads)
     rms_dw_sum_kernel(const AccT* __restrict__ partials, W* __restrict__ dw, int64_t P, int64_t C) {
-  using rms::kReduceCols;
-  using rms::kReduceSlices;
   cuda::wait_for_previous_grid();
-  __shared__ AccT part[kReduceSlices][kReduceCols];
-  const int64_t col = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
+  __shared__ AccT part[rms::kReduceThreads];
+  const int cols = blockDim.x;
+  const int64_t col = int64_t(blockIdx.x) * cols + threadIdx.x;
   AccT s = 0;
   if (col < C) {
-    for (int64_t p = threadIdx.y; p < P; p += kReduceSlices) s += partials[p * C + col];
+    for (int64_t p = threadIdx.y; p < P; p += kSlices) s += partials[p * C + col];
   }
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < C) {
-    AccT t = 0;
+  AccT* const mine = part + threadIdx.y * cols + threadIdx.x;
+  *mine = s;
 #pragma unroll
-    for (int k = 0; k < kReduceSlices; ++k) t += part[k][threadIdx.x];
-    dw[col] = static_cast<W>(t);
+  for (int half = kSlices / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (int(threadIdx.y) < half) *mine += mine[half * cols];
   }
+  if (threadIdx.y == 0 && col < C) dw[col] = static_cast<W>(*mine);
 }
 
 // Launches rms_dw_sum_kernel early on the current stream.
 template <typename AccT, typename W>
 void launch_rms_dw_sum(const AccT* partials, W* dw, int64_t P, int64_t C) {
-  cuda::launch(rms_dw_sum_kernel<AccT, W>,
-               {.grid = dim3(cuda::ceil_div<int64_t>(C, rms::kReduceCols)),
-                .block = dim3(rms::kReduceCols, rms::kReduceSlices),
-                .early = true},
-               partials, dw, P, C);
+  const RmsDwSumShape shape = rms_dw_sum_shape(P, C);
+  constexpr int kManySlices = rms::kReduceThreads / rms::kManyDwCols;
+  const auto kernel = shape.slices == rms::kReduceSlices ? rms_dw_sum_kernel<AccT, W, rms::kReduceSlices>
+                                                         : rms_dw_sum_kernel<AccT, W, kManySlices>;
+  cuda::launch(kernel, {.grid = dim3(shape.ctas), .block = dim3(shape.cols, shape.slices), .early = true}, partials,
+               dw, P, C);
 }
 
 }  // namespace
