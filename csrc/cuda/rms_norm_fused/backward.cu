@@ -359,10 +359,10 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else if (c.kind == FusedKernel::kStreamedRows) {
       if constexpr (sizeof(T) == 2 && std::is_same_v<R, T> && std::is_same_v<OutT, T>) {
-        // One wave of the compiled kernel, folding dW in launch clusters of c.dw_fold CTAs
-        // where that wave splits into them.
+        // Its row groups folding dW in launch clusters of c.dw_fold CTAs where they split
+        // into them.
         const auto kernel = fused_streamed_backward_kernel<T, W, AccT>;
-        const int64_t groups = std::min(c.ctas, cuda::resident_groups(kernel, c.threads, 1, c.smem));
+        const int64_t groups = launched_row_groups(kernel, c);
         const int fold = groups % c.dw_fold == 0 ? c.dw_fold : 1;
         cuda::launch(kernel, {.grid = dim3(groups), .block = dim3(c.threads), .cluster = fold, .smem = c.smem}, dy_p,
                      dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.stages, offset, llama, fold);

@@ -105,14 +105,20 @@ inline KernelChoice fused_choice(c10::IntArrayRef problem, c10::ScalarType dtype
   return {describe(view), view.workspace_bytes};
 }
 
-// Launches a row kernel of config c (register, cluster or streamed rows): its row groups,
-// where c.one_wave cut to one wave of the compiled kernel (its registers can hold fewer
-// CTAs per SM than the policy's count; the CTAs past one wave would start only as the
-// first finish, and their rows end the launch on idle SMs). Returns the row groups launched.
+// The row groups a row kernel of config c (register, cluster or streamed rows) launches:
+// c.ctas, where c.one_wave cut to one wave of the compiled kernel (its registers can hold
+// fewer CTAs per SM than the policy's count; the CTAs past one wave would start only as the
+// first finish, and their rows end the launch on idle SMs).
+template <typename... KernelArgs>
+int64_t launched_row_groups(void (*kernel)(KernelArgs...), const FusedLaunchConfig& c) {
+  return c.one_wave ? std::min(c.ctas, cuda::resident_groups(kernel, c.threads, c.cluster, c.smem)) : c.ctas;
+}
+
+// Launches a register or cluster row kernel of config c (launched_row_groups of them).
+// Returns the row groups launched.
 template <typename... KernelArgs, typename... Args>
 int64_t launch_register_rows(void (*kernel)(KernelArgs...), const FusedLaunchConfig& c, Args... args) {
-  const int64_t groups =
-      c.one_wave ? std::min(c.ctas, cuda::resident_groups(kernel, c.threads, c.cluster, c.smem)) : c.ctas;
+  const int64_t groups = launched_row_groups(kernel, c);
   cuda::launch(kernel,
                {.grid = dim3(groups * c.cluster), .block = dim3(c.threads), .cluster = c.cluster, .smem = c.smem},
                args...);
