@@ -222,6 +222,12 @@ TORCH_LIBRARY(baracuda, m) {
       "embedding_bag_with_options(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode, "
       "Tensor? per_sample_weights, bool include_last_offset, int padding_idx, bool scale_grad_by_freq, "
       "bool sparse) -> (Tensor output, Tensor offset2bag, Tensor bag_size, Tensor max_positions)");
+  // embedding_bag's output alone, for calls that want no gradient (F.embedding_bag's
+  // _embedding_bag_forward_only): the CPU kernel writes neither offset2bag nor bag_size; other
+  // devices run embedding_bag. No gradient flows through it.
+  m.def(
+      "embedding_bag_forward_only(Tensor weight, Tensor indices, Tensor? offsets, int bag_mode=0, "
+      "Tensor? per_sample_weights=None, bool include_last_offset=False, int padding_idx=-1) -> Tensor");
   // (embedding_bag schemas end)
 
   // fractional_max_pool

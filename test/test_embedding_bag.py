@@ -113,6 +113,63 @@ def test_forward_and_grads_match_F(device, mode, dtype):
             check_against_reference(idx, w, off, mode, padding_idx=padding_idx)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_only_is_embedding_bags_output(device, mode, dtype):
+    # The same bits as embedding_bag's output: padding or none (the CPU loop without the padding
+    # test), per-sample weights, include_last_offset, fixed-size bags, row widths that leave every
+    # vector block and a scalar tail, and indices past the last bag.
+    ops = torch.ops.baracuda
+    for dim in (1, 7, 64, 200):
+        idx, off = make_bags(device)
+        idx = torch.cat([idx, torch.tensor([3, 4], device=device)])  # in no bag
+        w = torch.randn(25, dim, device=device, dtype=dtype)
+        psw = torch.randn(42, device=device, dtype=dtype) if mode == "sum" else None
+        for pad in (-1, 3):
+            for args in ((w, idx, off, MODE_ENUM[mode], psw, False, pad),
+                         (w, idx, off, MODE_ENUM[mode], psw, True, pad),
+                         (w, idx[:40].view(5, 8), None, MODE_ENUM[mode], None, False, pad)):
+                got = ops.embedding_bag_forward_only(*args)
+                want = ops.embedding_bag(*args)[0]
+                assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)), (dim, pad)
+
+
+def test_functional_takes_the_forward_only_op_where_no_gradient_is_wanted(device, monkeypatch):
+    # As F.embedding_bag takes _embedding_bag_forward_only: no input requiring grad, or grad
+    # mode off. A gradient by autograd, forward-mode AD or a torch.func transform keeps
+    # embedding_bag (its offset2bag and bag_size are the backward's).
+    from baracuda_ops.ops import embedding_bag as family
+    calls = []
+    real = family._forward_only
+    monkeypatch.setattr(family, "_forward_only", lambda *a: calls.append(1) or real(*a))
+    idx, off = make_bags(device)
+    w = torch.randn(25, 8, device=device)
+    wr = w.clone().requires_grad_()
+
+    def used(fn):
+        calls.clear()
+        fn()
+        return bool(calls)
+
+    bags = baracuda_ops.embedding_bag
+    assert used(lambda: bags(idx, w, off, mode="sum"))
+    with torch.no_grad():
+        assert used(lambda: bags(idx, wr, off, mode="max"))
+    with torch.inference_mode():
+        assert used(lambda: bags(idx, w, off, mode="mean"))
+    assert not used(lambda: bags(idx, wr, off, mode="sum"))
+    assert not used(lambda: bags(idx, w, off, mode="sum", per_sample_weights=torch.ones(40, device=device,
+                                                                                      requires_grad=True)))
+    assert not used(lambda: torch.func.grad(lambda w: bags(idx, w, off, mode="sum").sum())(w))
+    assert not used(lambda: torch.func.jvp(lambda w: bags(idx, w, off, mode="sum"), (w,), (w,)))
+    assert not used(lambda: torch.vmap(lambda w: bags(idx, w, off, mode="sum"))(w.expand(2, 25, 8)))
+    with torch.autograd.forward_ad.dual_level():
+        assert not used(lambda: bags(idx, torch.autograd.forward_ad.make_dual(w, w), off, mode="sum"))
+    with torch.no_grad():
+        torch.testing.assert_close(bags(idx, w, off, mode="mean", padding_idx=3),
+                                   F.embedding_bag(idx, w, off, mode="mean", padding_idx=3))
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_per_sample_weights(device, dtype):
     idx, off = make_bags(device)
@@ -894,6 +951,16 @@ baracuda::embedding_bag_per_sample_weights_backward.out(Tensor grad, Tensor weig
             ValueError,
             lambda: torch.ops.baracuda.embedding_bag_per_sample_weights_backward(g, self.w, self.idx, o2b, 1, -1),
             """baracuda::embedding_bag_per_sample_weights_backward: per_sample_weights only have a gradient in mode 0 (sum), got mode 1 (mean)""")
+
+    def test_forward_only_refuses_a_gradient(self):
+        idx, off = make_bags("cpu")
+        w = torch.randn(25, 8, requires_grad=True)
+        with self.assertRaisesRegex(NotImplementedError, r"^baracuda::embedding_bag_forward_only: no gradient flows "
+                                    r"through it, but weight or per_sample_weights requires grad \(baracuda::"
+                                    r"embedding_bag gives one\)"):
+            torch.ops.baracuda.embedding_bag_forward_only(w, idx, off, 0, None, False, -1)
+        with torch.no_grad():
+            torch.ops.baracuda.embedding_bag_forward_only(w, idx, off, 0, None, False, -1)
 
     def test_double_backward_raises(self):
         w = self.w.clone().requires_grad_()

@@ -141,6 +141,8 @@ def embedding_bag(
             torch.embedding_renorm_(weight, input.reshape(-1), max_norm, norm_type)
     args = (weight, input, offsets, mode_enum, per_sample_weights, include_last_offset, pad)
     try:
+        if not _wants_gradient(weight, per_sample_weights):
+            return _forward_only(*args)
         if sparse and scale_grad_by_freq:  # the forward runs, the backward refuses (as F.embedding_bag)
             return _WithGradientOptions.apply(*args, scale_grad_by_freq, sparse)[0]
         if sparse or scale_grad_by_freq:
@@ -148,6 +150,20 @@ def embedding_bag(
         return _EmbeddingBag(*args)[0]
     except (TypeError, RuntimeError) as e:
         raise_typed_error("embedding_bag", e, locals(), (), ("input", "weight", "offsets", "per_sample_weights"))
+
+
+def _wants_gradient(weight, per_sample_weights) -> bool:
+    """Whether a call may need embedding_bag's saved state (offset2bag, bag_size): a gradient of
+    weight or per_sample_weights by autograd, forward-mode AD or a torch.func transform, or any
+    call under torch.compile (which keeps one op in its graphs). Else the forward-only op,
+    as F.embedding_bag takes _embedding_bag_forward_only."""
+    if torch.compiler.is_compiling() or torch.autograd.forward_ad._current_level >= 0:
+        return True
+    wrapped, grad_mode = torch._C._functorch.is_functorch_wrapped_tensor, torch.is_grad_enabled()
+    if wrapped(weight) or (grad_mode and weight.requires_grad):
+        return True
+    psw = per_sample_weights
+    return psw is not None and (wrapped(psw) or (grad_mode and psw.requires_grad))
 
 
 # --------------------------------------------------------------------------- fakes
@@ -204,6 +220,13 @@ def _embedding_bag_with_options_fake(weight, indices, offsets, bag_mode, per_sam
                                      padding_idx, scale_grad_by_freq, sparse):
     return _embedding_bag_fake(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
                                padding_idx)
+
+
+@torch.library.register_fake("baracuda::embedding_bag_forward_only")
+def _embedding_bag_forward_only_fake(weight, indices, offsets, bag_mode=0, per_sample_weights=None,
+                                     include_last_offset=False, padding_idx=-1):
+    return _embedding_bag_fake(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset,
+                               padding_idx)[0]
 
 
 @torch.library.register_fake("baracuda::embedding_bag.out")
@@ -352,6 +375,7 @@ class _WithGradientOptions(torch.autograd.Function):
 
 
 _EmbeddingBag = differentiable_op("embedding_bag", _backward, _setup_context, _jvp)
+_forward_only = torch.ops.baracuda.embedding_bag_forward_only.default
 # The eager gradient with the options is the C++ kernel of embedding_bag_with_options.
 _EmbeddingBagWithOptions = DifferentiableOp(torch.ops.baracuda.embedding_bag_with_options.default,
                                             _WithGradientOptions)
@@ -417,7 +441,6 @@ def _sample_args(args, in_dims):
     return [sample_meta(a, d) if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)]
 
 
-@torch.library.register_vmap("baracuda::embedding_bag")
 def _embedding_bag_vmap(info, in_dims, weight, indices, offsets=None, bag_mode=0, per_sample_weights=None,
                         include_last_offset=False, padding_idx=-1):
     in_dims = arg_dims(in_dims, 7)
@@ -478,6 +501,15 @@ def _embedding_bag_vmap(info, in_dims, weight, indices, offsets=None, bag_mode=0
         if bag_mode == 2:
             max_positions = torch.where(bad.unsqueeze(-1), -1, max_positions)
     return (output, offset2bag, bag_size, max_positions), (0, 0, 0, 0)
+
+
+torch.library.register_vmap("baracuda::embedding_bag", _embedding_bag_vmap)
+
+
+@torch.library.register_vmap("baracuda::embedding_bag_forward_only")
+def _embedding_bag_forward_only_vmap(info, in_dims, *args):
+    outputs, out_dims = _embedding_bag_vmap(info, in_dims, *args)
+    return outputs[0], out_dims[0]
 
 
 @torch.library.register_vmap("baracuda::embedding_bag_backward")

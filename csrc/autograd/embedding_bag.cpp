@@ -4,6 +4,8 @@
 // baracuda::embedding_bag_with_options is the same forward whose weight gradient follows
 // F.embedding_bag's sparse / scale_grad_by_freq: baracuda::embedding_bag_weight_backward (a COO
 // gradient, or the dense one with rows divided by their counts). No backward op has a gradient.
+// baracuda::embedding_bag_forward_only is the output alone, for calls that want no gradient:
+// it refuses inputs that need one.
 #include <optional>
 #include <tuple>
 
@@ -15,6 +17,8 @@ namespace {
 using Bag4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using EmbeddingBagSig = Bag4(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
                              const std::optional<at::Tensor>&, bool, int64_t);
+using ForwardOnlySig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,
+                                  const std::optional<at::Tensor>&, bool, int64_t);
 using BackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                const at::Tensor&, c10::SymInt, int64_t, const std::optional<at::Tensor>&, int64_t);
 using PswBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -25,6 +29,11 @@ using WeightBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const
 
 const c10::TypedOperatorHandle<EmbeddingBagSig>& forward_op() {
   static const auto op = op_handle<EmbeddingBagSig>("embedding_bag");
+  return op;
+}
+
+const c10::TypedOperatorHandle<ForwardOnlySig>& forward_only_op() {
+  static const auto op = op_handle<ForwardOnlySig>("embedding_bag_forward_only");
   return op;
 }
 
@@ -147,6 +156,26 @@ Bag4 with_options_forward(const at::Tensor& weight, const at::Tensor& indices, c
   return forward_op().call(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx);
 }
 
+at::Tensor forward_only_autograd(const at::Tensor& weight, const at::Tensor& indices,
+                                 const std::optional<at::Tensor>& offsets, int64_t bag_mode,
+                                 const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                                 int64_t padding_idx) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!needs_node(weight, per_sample_weights),
+                              "baracuda::embedding_bag_forward_only: no gradient flows through it, but weight or "
+                              "per_sample_weights requires grad (baracuda::embedding_bag gives one)");
+  return call_below_autograd(forward_only_op(), weight, indices, offsets, bag_mode, per_sample_weights,
+                             include_last_offset, padding_idx);
+}
+
+// Every backend but CPU (which writes the output alone): embedding_bag's output.
+at::Tensor forward_only_forward(const at::Tensor& weight, const at::Tensor& indices,
+                                const std::optional<at::Tensor>& offsets, int64_t bag_mode,
+                                const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                                int64_t padding_idx) {
+  return std::get<0>(
+      forward_op().call(weight, indices, offsets, bag_mode, per_sample_weights, include_last_offset, padding_idx));
+}
+
 at::Tensor backward_autograd(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
                              const at::Tensor& bag_size, const at::Tensor& max_positions, c10::SymInt num_weights,
                              int64_t bag_mode, const std::optional<at::Tensor>& per_sample_weights,
@@ -173,10 +202,12 @@ at::Tensor psw_backward_autograd(const at::Tensor& grad, const at::Tensor& weigh
 TORCH_LIBRARY_IMPL(baracuda, Autograd, m) {
   m.impl("embedding_bag", &baracuda::autograd::embedding_bag_autograd);
   m.impl("embedding_bag_with_options", &baracuda::autograd::with_options_autograd);
+  m.impl("embedding_bag_forward_only", &baracuda::autograd::forward_only_autograd);
   m.impl("embedding_bag_backward", &baracuda::autograd::backward_autograd);
   m.impl("embedding_bag_per_sample_weights_backward", &baracuda::autograd::psw_backward_autograd);
 }
 
 TORCH_LIBRARY_IMPL(baracuda, CompositeExplicitAutograd, m) {
   m.impl("embedding_bag_with_options", &baracuda::autograd::with_options_forward);
+  m.impl("embedding_bag_forward_only", &baracuda::autograd::forward_only_forward);
 }

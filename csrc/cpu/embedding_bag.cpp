@@ -105,20 +105,20 @@ template <typename scalar_t, typename index_t>
 // The loop runs compiled for the CPU's widest vector ISA (cpu::run_vectorized;
 // the same bits on every ISA).
 
-// offset2bag[i] = b over the bag's entries [begin, end); returns how many are not padding.
-template <typename index_t>
+// offset2bag[i] = b over the bag's entries [begin, end) (kMark); returns how many are not padding.
+template <bool kMark, typename index_t>
 [[gnu::always_inline]] inline int64_t mark_bag(const index_t* indices, int64_t padding_idx, int64_t b, int64_t begin,
                                                int64_t end, int64_t* offset2bag) {
   int64_t count = 0;
   for (int64_t i = begin; i < end; ++i) {
-    offset2bag[i] = b;
+    if constexpr (kMark) offset2bag[i] = b;
     count += static_cast<int64_t>(indices[i]) != padding_idx;
   }
   return count;
 }
 
 // A sum or mean bag's inputs: weight [V, D], the N entries' indices and per-sample
-// weights (null without them), and where offset2bag goes. Mean mode outputs
+// weights (null without them), and where offset2bag goes (null: not written). Mean mode outputs
 // T(sum / count), where count > 0 (a mean of no entry is its sum, +0, as the zeros
 // PyTorch gives); sum mode T(sum). An entry whose index, read as unsigned, reaches V
 // is not read: it sets out_of_range.
@@ -136,18 +136,21 @@ struct SumRows {
 
 // Columns [c0, c0 + kCols) of bag b over entries [begin, end), added in position
 // order, into out[c0 ..]; returns the count of entries that are not padding,
-// and sets offset2bag on the way (each of the bag's passes does: stores the
-// adds hide, where a pass of its own cost a loop and its mispredicted exit per
-// bag). The block is kCols / kPer explicit vectors of kPer = kBytes /
-// sizeof(acc_t) columns, held in registers for the whole bag and stored to out
-// once (loops over the vectors unrolled: rolled, the compiler kept them on the
-// stack and copied them out per bag); each entry prefetches the block's lines
+// and sets offset2bag on the way where kMark (each of the bag's passes does: stores
+// the adds hide, where a pass of its own cost a loop and its mispredicted exit per
+// bag). kPadding: the entries are tested against padding_idx (without it there is
+// none). The forward-only op (no gradient wanted) neither marks nor, without padding,
+// tests: two of the loop's instructions an entry each. The block is kCols / kPer
+// explicit vectors of kPer = kBytes / sizeof(acc_t) columns, held in registers for
+// the whole bag and stored to out once (loops over the vectors unrolled: rolled, the
+// compiler kept them on the stack and copied them out per bag); each entry prefetches the block's lines
 // of the row kSumPrefetchAhead entries on, between its adds, except the input's
 // last kSumPrefetchAhead entries, which take a loop of their own without it (a
 // bound on the look-ahead in the one loop cost three instructions an entry). Without
 // per-sample weights nothing is multiplied (1 * x == x, so the bits are those
 // of acc + 1 * x; the multiply took a third of the time).
-template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+template <int kCols, int kBytes, bool kWeighted, bool kMark, bool kPadding, typename scalar_t, typename acc_t,
+          typename index_t>
 [[gnu::always_inline]] inline int64_t sum_columns(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t begin,
                                                   int64_t end, int64_t c0, scalar_t* out) {
   constexpr int kPer = kBytes / int(sizeof(acc_t));
@@ -166,13 +169,13 @@ template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc
   int64_t count = end - begin;  // less the padding entries
   const auto add_entries = [&](auto prefetch, int64_t from, int64_t to) {
     for (int64_t i = from; i < to; ++i) {
-      offset2bag[i] = b;
+      if constexpr (kMark) offset2bag[i] = b;
       const int64_t idx = static_cast<int64_t>(indices[i]);
       if (static_cast<uint64_t>(idx) >= V) {
         s.out_of_range->store(true, std::memory_order_relaxed);
         continue;
       }
-      if (idx == padding_idx) {
+      if (kPadding && idx == padding_idx) {
         --count;
         continue;
       }
@@ -210,7 +213,7 @@ template <int kCols, int kBytes, bool kWeighted, typename scalar_t, typename acc
 }
 
 // The same for the last columns [c0, D) (fewer than one vector), one at a time.
-template <bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+template <bool kWeighted, bool kMark, typename scalar_t, typename acc_t, typename index_t>
 int64_t sum_last_columns(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t begin, int64_t end, int64_t c0,
                          scalar_t* out) {
   int64_t count = 0;
@@ -219,7 +222,7 @@ int64_t sum_last_columns(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t
     count = 0;
     for (int64_t i = begin; i < end; ++i) {
       if (c == 0) prefetch_entry(s.weight, s.indices, i, s.N, s.D);
-      s.offset2bag[i] = b;
+      if constexpr (kMark) s.offset2bag[i] = b;
       const int64_t idx = static_cast<int64_t>(s.indices[i]);
       if (static_cast<uint64_t>(idx) >= s.V) {
         s.out_of_range->store(true, std::memory_order_relaxed);
@@ -243,22 +246,23 @@ int64_t sum_last_columns(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t
 // 1.3-1.6x faster than 4 with AVX2 and AVX-512), then one block each of 4, 2 and
 // 1 vectors where the columns left allow, then the last columns. Returns the
 // bag's size (rows of no column still set offset2bag and count).
-template <int kBytes, bool kWeighted, typename scalar_t, typename acc_t, typename index_t>
+template <int kBytes, bool kWeighted, bool kMark, bool kPadding, typename scalar_t, typename acc_t,
+          typename index_t>
 [[gnu::always_inline]] inline int64_t sum_bag(const SumRows<scalar_t, index_t>& s, int64_t b, int64_t begin,
                                               int64_t end, scalar_t* out) {
-  if (s.D == 0) return mark_bag(s.indices, s.padding_idx, b, begin, end, s.offset2bag);
+  if (s.D == 0) return mark_bag<kMark>(s.indices, s.padding_idx, b, begin, end, s.offset2bag);
   constexpr int kPer = kBytes / int(sizeof(acc_t));
   int64_t c0 = 0, count = 0;
   const auto block = [&](auto vectors) {
     constexpr int kCols = decltype(vectors)::value * kPer;
-    count = sum_columns<kCols, kBytes, kWeighted, scalar_t, acc_t>(s, b, begin, end, c0, out);
+    count = sum_columns<kCols, kBytes, kWeighted, kMark, kPadding, scalar_t, acc_t>(s, b, begin, end, c0, out);
     c0 += kCols;
   };
   while (c0 + 8 * kPer <= s.D) block(std::integral_constant<int, 8>{});
   if (c0 + 4 * kPer <= s.D) block(std::integral_constant<int, 4>{});
   if (c0 + 2 * kPer <= s.D) block(std::integral_constant<int, 2>{});
   if (c0 + kPer <= s.D) block(std::integral_constant<int, 1>{});
-  if (c0 < s.D) count = sum_last_columns<kWeighted, scalar_t, acc_t>(s, b, begin, end, c0, out);
+  if (c0 < s.D) count = sum_last_columns<kWeighted, kMark, scalar_t, acc_t>(s, b, begin, end, c0, out);
   return count;
 }
 
@@ -301,7 +305,8 @@ template <int kBytes, typename scalar_t, typename acc_t, typename index_t>
 }
 
 // Returns whether a sum or mean bag met an index out of range (max mode reads only
-// checked indices).
+// checked indices). offset2bag and bag_size may be null (the forward-only op): not
+// written.
 template <typename scalar_t, typename acc_t, typename index_t>
 bool bag_forward(const scalar_t* weight, const index_t* indices, const index_t* offsets, const scalar_t* psw,
                  const BagGeometry& g, scalar_t* out, int64_t* offset2bag, int64_t* bag_size, int64_t* max_pos) {
@@ -313,7 +318,7 @@ bool bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
   if (g.num_bags > 0) {
     bag_range(offsets, g.num_bags - 1, g.num_offsets, g.fixed_len, g.num_indices, last_begin, covered, last_bad);
   }
-  std::fill(offset2bag + covered, offset2bag + g.num_indices, int64_t(-1));
+  if (offset2bag != nullptr) std::fill(offset2bag + covered, offset2bag + g.num_indices, int64_t(-1));
   // The positions in no bag are never summed: their indices are tested here.
   const uint64_t V = static_cast<uint64_t>(g.num_weights);
   bool tail_out_of_range = false;
@@ -324,23 +329,46 @@ bool bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
   const SumRows<scalar_t, index_t> rows{
       weight, indices, psw, D, g.num_indices, g.padding_idx, V, g.mode == kModeMean, offset2bag, &out_of_range};
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, D));
+  const bool mark = offset2bag != nullptr, padding = g.padding_idx >= 0;
   at::parallel_for(0, g.num_bags, grain, [&](int64_t bag_begin, int64_t bag_end) {
     std::vector<acc_t> acc(g.mode == kModeMax ? D : 0);
     cpu::run_vectorized([&](auto vector_bytes) {
       constexpr int kBytes = decltype(vector_bytes)::value;
-      for (int64_t b = bag_begin; b < bag_end; ++b) {
-        int64_t begin, end;
-        bool bad;
-        bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
-        scalar_t* o = out + b * D;
-        if (g.mode == kModeMax) {
-          bag_size[b] = mark_bag(indices, g.padding_idx, b, begin, end, offset2bag);
-          max_bag<kBytes>(weight, indices, D, g.num_indices, g.padding_idx, begin, end, acc.data(), max_pos + b * D, o);
-        } else if (psw != nullptr) {
-          bag_size[b] = sum_bag<kBytes, true, scalar_t, acc_t>(rows, b, begin, end, o);
-        } else {
-          bag_size[b] = sum_bag<kBytes, false, scalar_t, acc_t>(rows, b, begin, end, o);
+      // Each bag's entries [begin, end) to fn(b, begin, end), which returns its size.
+      const auto each_bag = [&](auto&& fn) {
+        for (int64_t b = bag_begin; b < bag_end; ++b) {
+          int64_t begin, end;
+          bool bad;
+          bag_range(offsets, b, g.num_offsets, g.fixed_len, g.num_indices, begin, end, bad);
+          const int64_t size = fn(b, begin, end);
+          if (bag_size != nullptr) bag_size[b] = size;
         }
+      };
+      // Sum and mean: the op marks offset2bag and tests for padding; the forward-only op
+      // tests for padding only where there is one.
+      const auto sum_bags = [&](auto weighted, auto marks, auto padded) {
+        each_bag([&](int64_t b, int64_t begin, int64_t end) {
+          return sum_bag<kBytes, decltype(weighted)::value, decltype(marks)::value, decltype(padded)::value, scalar_t,
+                         acc_t>(rows, b, begin, end, out + b * D);
+        });
+      };
+      const auto sum_bags_of = [&](auto weighted) {
+        if (mark) return sum_bags(weighted, std::true_type{}, std::true_type{});
+        if (padding) return sum_bags(weighted, std::false_type{}, std::true_type{});
+        sum_bags(weighted, std::false_type{}, std::false_type{});
+      };
+      if (g.mode == kModeMax) {
+        each_bag([&](int64_t b, int64_t begin, int64_t end) {
+          const int64_t size = mark ? mark_bag<true>(indices, g.padding_idx, b, begin, end, offset2bag)
+                                    : mark_bag<false>(indices, g.padding_idx, b, begin, end, offset2bag);
+          max_bag<kBytes>(weight, indices, D, g.num_indices, g.padding_idx, begin, end, acc.data(), max_pos + b * D,
+                          out + b * D);
+          return size;
+        });
+      } else if (psw != nullptr) {
+        sum_bags_of(std::true_type{});
+      } else {
+        sum_bags_of(std::false_type{});
       }
     });
   });
@@ -381,8 +409,8 @@ void forward_cpu(const BagGeometry& g, const at::Tensor& weight, const at::Tenso
     BARACUDA_DISPATCH_FLOATING(weight.scalar_type(), "embedding_bag_cpu", [&] {
       const bool out_of_range = bag_forward<scalar_t, acc_t, index_t>(
           w.const_data_ptr<scalar_t>(), idx, off, psw.defined() ? psw.const_data_ptr<scalar_t>() : nullptr, g,
-          output.mutable_data_ptr<scalar_t>(), offset2bag.mutable_data_ptr<int64_t>(),
-          bag_size.mutable_data_ptr<int64_t>(),
+          output.mutable_data_ptr<scalar_t>(), offset2bag.defined() ? offset2bag.mutable_data_ptr<int64_t>() : nullptr,
+          bag_size.defined() ? bag_size.mutable_data_ptr<int64_t>() : nullptr,
           g.mode == kModeMax ? max_positions.mutable_data_ptr<int64_t>() : nullptr);
       if (out_of_range) check_index_values(kEmbeddingBagOp, idx, g.num_indices, g.num_weights);
     });
@@ -413,6 +441,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_cpu(
   forward_cpu(g, weight, indices, offsets, per_sample_weights, output, offset2bag, bag_size, max_positions,
               /*outputs_shared=*/false);
   return {output, offset2bag, bag_size, max_positions};
+}
+
+// The output alone (embedding_bag_forward_only: no gradient wanted): offset2bag and
+// bag_size are not written, and sum and mean bags without a padding index skip the padding
+// test, two of the sum loop's instructions an entry; max mode's positions go to scratch.
+at::Tensor embedding_bag_forward_only_cpu(const at::Tensor& weight, const at::Tensor& indices,
+                                          const c10::optional<at::Tensor>& offsets, int64_t mode,
+                                          const c10::optional<at::Tensor>& per_sample_weights,
+                                          bool include_last_offset, int64_t padding_idx) {
+  const auto g = check_embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                                     padding_idx);
+  auto output = at::empty({g.num_bags, g.dim}, weight.options());
+  const auto max_positions =
+      g.mode == kModeMax ? at::empty(max_positions_shape(g), weight.options().dtype(at::kLong)) : at::Tensor();
+  forward_cpu(g, weight, indices, offsets, per_sample_weights, output, at::Tensor(), at::Tensor(), max_positions,
+              /*outputs_shared=*/false);
+  return output;
 }
 
 // ---------------------------------------------------------------------------
@@ -766,6 +811,7 @@ BARACUDA_REGISTER_VARIANT("embedding_bag_per_sample_weights_backward", c10::Devi
 TORCH_LIBRARY_IMPL(baracuda, CPU, m) {
   m.impl("embedding_bag", &baracuda::embedding_bag_cpu);
   m.impl("embedding_bag.out", &baracuda::embedding_bag_out_cpu);
+  m.impl("embedding_bag_forward_only", &baracuda::embedding_bag_forward_only_cpu);
   m.impl("embedding_bag_backward", &baracuda::embedding_bag_backward_cpu);
   m.impl("embedding_bag_backward.out", &baracuda::embedding_bag_backward_out_cpu);
   m.impl("embedding_bag_per_sample_weights_backward", &baracuda::per_sample_weights_backward_cpu);

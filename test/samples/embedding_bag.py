@@ -47,6 +47,8 @@ def samples(device):
         full = name == "sum_psw_last_offset"
         yield SampleInput(name, ops.embedding_bag.default, args, grad=(0,) if psw is None else (0, 4),
                           skips={} if full else only(("opcheck", "determinism"), EXTRA_OPCHECK))
+        # The output alone, for calls that want no gradient (the CPU kernel writes no offset2bag).
+        yield SampleInput(name, ops.embedding_bag_forward_only.default, args)
         out, o2b, bag_size, max_positions = ops.embedding_bag(*args)
         yield SampleInput(name, ops.embedding_bag.out, args,
                           dict(output=torch.empty_like(out), offset2bag=torch.empty_like(o2b),
@@ -104,6 +106,10 @@ def samples(device):
                                           (weights[0], idx[0], off[0], mode_enum, psw[0], ilo, padding_idx),
                                           vmap=[(None, 0, 0, 0)], vmap_exact="cpu", batch=(weights, idx, off, psw),
                                           skips=only(("vmap",), VMAP))
+                yield SampleInput(f"vmap_{tag}_pad{padding_idx}", ops.embedding_bag_forward_only.default,
+                                  (weights[0], idx[0], off[0], mode_enum, None, False, padding_idx),
+                                  vmap=[(None, 0, 0), (0, 0, 0), (0, None, None)], vmap_exact="cpu",
+                                  batch=(weights, idx, off), skips=only(("vmap",), VMAP))
                 yield SampleInput(f"vmap_{tag}_pad{padding_idx}_2d", ops.embedding_bag.default,
                                   (weights[0], idx[0].view(8, 5), None, mode_enum, None, False, padding_idx),
                                   vmap=[(0, 0)], vmap_exact="cpu", batch=(weights, idx.view(n, 8, 5)),
