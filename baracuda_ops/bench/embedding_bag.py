@@ -137,7 +137,10 @@ def benchmarks(device: torch.device, full: bool):
         bwd_bytes = V * D * elem + num_bags * D * elem + n_est * 8
         cases.append(BenchCase(
             "embedding_bag", f"embedding_bag {tag}", fwd_bytes, fwd_inputs,
-            ours=lambda idx, w, off, m=mode_enum: torch.ops.baracuda.embedding_bag(w, idx, off, m, None, False, -1),
+            # No input requires grad: F.embedding_bag takes _embedding_bag_forward_only, and
+            # baracuda_ops.embedding_bag the forward-only op.
+            ours=lambda idx, w, off, m=mode_enum: torch.ops.baracuda.embedding_bag_forward_only(w, idx, off, m, None,
+                                                                                              False, -1),
             peers={"eager": lambda idx, w, off, mode=mode: F.embedding_bag(idx, w, off, mode=mode)},
             compile_peer=lambda idx, w, off, mode=mode: F.embedding_bag(idx, w, off, mode=mode),
         ))
