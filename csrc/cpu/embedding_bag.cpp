@@ -359,8 +359,8 @@ bool bag_forward(const scalar_t* weight, const index_t* indices, const index_t* 
       };
       if (g.mode == kModeMax) {
         each_bag([&](int64_t b, int64_t begin, int64_t end) {
-          const int64_t size = mark ? mark_bag<true>(indices, g.padding_idx, b, begin, end, offset2bag)
-                                    : mark_bag<false>(indices, g.padding_idx, b, begin, end, offset2bag);
+          // The forward-only op wants neither offset2bag nor the size: no pass over the bag's indices.
+          const int64_t size = mark ? mark_bag<true>(indices, g.padding_idx, b, begin, end, offset2bag) : 0;
           max_bag<kBytes>(weight, indices, D, g.num_indices, g.padding_idx, begin, end, acc.data(), max_pos + b * D,
                           out + b * D);
           return size;
