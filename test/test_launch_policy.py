@@ -210,14 +210,12 @@ CASES = [
           dw_sum=DW_ORDERED), SMS // 2 * 65536 * 4),
     ("rms_norm_backward", [2048, 65536, 0], BF16, "cluster_row", dict(cluster=4, dw_sum=DW_NONE), 0),
     ("rms_norm_backward", [2048, 65536, 4], F32, "cluster_row", dict(cluster=8, ctas_per_sm=2), None),
-    # A float32 dW on a half input: the streamed kernel, one CTA an SM, 3 rows of x and dy
-    # staged by bulk copies, so SMS / 4 clusters of 4.
-    ("rms_norm_backward", [2048, 65536, 4], BF16, "streamed_cluster_row",
-     dict(cluster=4, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4,
-          dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
-    ("rms_norm_backward", [2048, 65536, 4], F16, "streamed_cluster_row",
-     dict(cluster=4, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4,
-          dw_sum=DW_ORDERED), SMS // 4 * 65536 * 4),
+    # A float32 dW on a half input: the streamed kernel, 3 rows of x and dy staged by bulk
+    # copies (BANDWIDTH_CASES: its CTAs by device). Rows of 131072 fill a cluster of eight
+    # 512-thread CTAs on every device: one CTA an SM, SMS / 8 clusters.
+    ("rms_norm_backward", [256, 131072, 4], BF16, "streamed_cluster_row",
+     dict(cluster=8, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 8,
+          dw_sum=DW_ORDERED), SMS // 8 * 131072 * 4),
     # rms_norm_fused (and rms_norm_quant): [M, N, H]. Rows of whole 16-byte vectors in registers,
     # 4 vectors a thread up to 1024 threads, then 1024 x 8, then a cluster of 512 x 8 (float64: no
     # clusters). Rows of 4 vectors a thread: a CTA per row group;
@@ -368,10 +366,11 @@ BANDWIDTH_CASES = [
      {"h200": ("streamed_row", dict(group=32, block=32, stages=3, dw_sum=DW_NONE, dw_fold=1)),
       "h100": ("warp_rows", dict(group=32, block=256, dw_sum=DW_NONE))}),
     # 4 to 8 CTAs an SM: launched in clusters of an SM's share that fold their dW sums into one
-    # partial row (dw_fold); 2 an SM, a partial row each.
+    # partial row (dw_fold); 2 an SM, a partial row each. Rows of one CTA refill a stage after
+    # the next row's block sum, whose barrier they already wait at (refill_after_dx=0).
     ("rms_norm_backward", [1024, 4096, 2], BF16,
      {"h200": ("streamed_row", dict(block=128, stages=3, smem=3 * 2 * 4 * 128 * 16, row_groups=4 * SMS,
-                                    dw_sum=DW_ORDERED, dw_fold=4)),
+                                    dw_sum=DW_ORDERED, dw_fold=4, refill_after_dx=False)),
       "h100": ("cta_row", dict(block=128, stages=0, smem=128 * 4 * 8 * 4, row_groups=4 * SMS, dw_sum=DW_ORDERED))}),
     ("rms_norm_backward", [1024, 4096, 0], BF16,
      {"h200": ("streamed_row", dict(block=128, stages=3, dw_sum=DW_NONE, dw_fold=1)),
@@ -412,6 +411,27 @@ BANDWIDTH_CASES = [
     ("rms_norm_fused_backward", [SMS + 1, 4096, 1, 4], BF16,
      {"h200": ("streamed_rows", dict(threads=128, row_groups=SMS + 1, dw_fold=1)),
       "h100": ("register_rows", dict(threads=256, row_groups=SMS + 1))}),
+    # The backward of cluster rows with a float32 dW on a half input: the streamed kernel, 3 rows
+    # of x and dy staged, each stage refilled as soon as its row's dx is written. On an H200 CTAs of at most 256 threads, the cluster widened (96 KB: two
+    # CTAs an SM, SMS / 4 clusters of 8 at N = 65536, SMS / 2 of 4 at 32768; at 40000, 5000
+    # vectors, eight CTAs of 160 threads, three an SM); on an H100 512-thread CTAs, one an SM.
+    ("rms_norm_backward", [2048, 65536, 4], BF16,
+     {"h200": ("streamed_cluster_row", dict(cluster=8, block=256, group=256, ctas_per_sm=1, stages=3,
+                                            smem=3 * 2 * 4 * 256 * 16, row_groups=SMS // 4, dw_sum=DW_ORDERED,
+                                            refill_after_dx=True)),
+      "h100": ("streamed_cluster_row", dict(cluster=4, block=512, group=512, ctas_per_sm=1, stages=3,
+                                            smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 4, dw_sum=DW_ORDERED,
+                                            refill_after_dx=True))}),
+    ("rms_norm_backward", [2048, 65536, 4], F16,
+     {"h200": ("streamed_cluster_row", dict(cluster=8, block=256, row_groups=SMS // 4)),
+      "h100": ("streamed_cluster_row", dict(cluster=4, block=512, row_groups=SMS // 4))}),
+    ("rms_norm_backward", [4096, 32768, 4], BF16,
+     {"h200": ("streamed_cluster_row", dict(cluster=4, block=256, smem=3 * 2 * 4 * 256 * 16, row_groups=SMS // 2)),
+      "h100": ("streamed_cluster_row", dict(cluster=2, block=512, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 2))}),
+    ("rms_norm_backward", [300, 40000, 4], F16,
+     {"h200": ("streamed_cluster_row", dict(cluster=8, block=160, row_groups=3 * SMS // 8)),
+      "h100": ("streamed_cluster_row", dict(cluster=4, block=320, row_groups=SMS // 4))}),
+    # A 16-bit dW keeps two register CTAs an SM on every device (CASES).
 ]
 
 

@@ -142,7 +142,7 @@ void rms_norm_backward_into(const at::Tensor& grad_out, const at::Tensor& input,
                          {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block),
                           .cluster = c.cluster * c.dw_fold, .smem = c.smem},
                          gp, xp, rp, wp, dxp, parts, dwp, rows.M, static_cast<int>(rows.N), c.cluster,
-                         c.dw_fold);
+                         c.dw_fold, c.refill_after_dx);
           });
         } else {
           with_bwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto kernel) {

@@ -9,13 +9,13 @@ namespace {
 // ---------------------------------------------------------------------------
 // Backward of rows streamed (sm_90; the policy takes it for half inputs: rows of one
 // CTA where two or more of its CTAs fit an SM, and cluster rows with a float32
-// weight): the same sums as rms_norm_bwd_kernel, in the same order (the same dx
-// bits), with x and dy brought into shared memory by bulk copies (cp.async.bulk)
+// weight): the same sums as rms_norm_bwd_kernel, in the same order for the same row
+// layout (the same dx bits), with x and dy brought into shared memory by bulk copies (cp.async.bulk)
 // rows ahead, and the rows overlapped: while the sum of row i is in flight (between
 // arriving at its cluster barrier and waiting there; a CTA that is its own cluster
 // passes straight through), the CTA computes the partial sum and dW terms of row
 // i + 1, and after publishing that, row i's dx. kStreamStages rows of x and dy take
-// the shared memory (StagedRowSlices): one CTA per SM at cluster rows' 512 threads.
+// the shared memory (StagedRowSlices): 96 KB at 256 threads, two CTAs an SM.
 // Per row (g_i = dy_i * w_i):
 //   s = sum_i g_i * x_i;  dx_i = T(rstd * g_i - x_i * rstd^3 * s / N)
 //   dW: acc[i] += dy_i * x_i * rstd in registers, rows in order; at the end the
@@ -23,14 +23,21 @@ namespace {
 //   a single cluster runs (dw_direct), as in rms_norm_bwd_kernel. Rows of one CTA
 //   launched in clusters of `fold` CTAs (fold > 1) first add their CTAs' sums
 //   (fold_dw_in_cluster): p = blockIdx.x / fold.
-// Stage i % kStreamStages holds row i from its partial sum to its dx; it is
-// refilled (with row i + kStreamStages) after the next block sum's barrier, which
-// every thread reaches after row i's dx. The weight is held in registers as loaded.
+// Stage i % kStreamStages holds row i from its partial sum to its dx, then is
+// refilled with row i + kStreamStages. With refill_after_dx (cluster rows) that is
+// right after row i's dx, behind a CTA barrier of its own, so the refill has a whole
+// row's time, cluster wait included, to land: with three stages, rows i + 1 and i + 2
+// are in use across the cluster barrier, and a refill issued after the next row's
+// sum (the other mode) lands only as far ahead as one dx. Rows of one CTA take that
+// other mode: their rows are short and many, and the extra barrier a row costs more
+// (10% at N = 1024 ... 8192 on an H200) than the wait it saves, which is short without a
+// cluster barrier. The weight is held in registers as loaded.
 template <typename T, typename W, typename AccT, int V>
 __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     rms_norm_bwd_streamed_kernel(const T* __restrict__ dy, const T* __restrict__ x, const AccT* __restrict__ rstd,
                                  const W* __restrict__ w, T* __restrict__ dx, AccT* __restrict__ partials,
-                                 W* __restrict__ dw_direct, int64_t M, int N, int cluster, int fold) {
+                                 W* __restrict__ dw_direct, int64_t M, int N, int cluster, int fold,
+                                 bool refill_after_dx) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int Vpt = kVpt;
   using Raw = cuda::RawVec<T, V>;
@@ -87,9 +94,15 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       if (more) {
         own = rows.sum.publish(part_next, (i + 1) & 1);
         // Past the block sum's barrier every thread has written row i - 1's dx.
-        if (threadIdx.x == 0 && i >= 1 && i - 1 + rows.kStages < rows.count) rows.refill(i - 1 + rows.kStages);
+        if (!refill_after_dx && threadIdx.x == 0 && i >= 1 && i - 1 + rows.kStages < rows.count) {
+          rows.refill(i - 1 + rows.kStages);
+        }
       }
       if (dx != nullptr) write_dx(i, r, s);
+      if (refill_after_dx && i + rows.kStages < rows.count) {
+        __syncthreads();  // every thread is done with row i's stage
+        if (threadIdx.x == 0) rows.refill(i + rows.kStages);
+      }
       r = r_next;
       r_next = r_after;
     }

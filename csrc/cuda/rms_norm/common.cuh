@@ -21,8 +21,9 @@
 //     (rms_norm_fwd_streamed_kernel; streamed_rows.cuh).
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
 // their dW sums while they wait at the row's cluster barrier; with a float32 weight
-// on a half input, one CTA per SM instead, x and dy staged in shared memory by
-// bulk copies and consecutive rows overlapped (rms_norm_bwd_streamed_kernel), which
+// on a half input, x and dy staged in shared memory by bulk copies and consecutive
+// rows overlapped instead (rms_norm_bwd_streamed_kernel; on H200-class devices
+// CTAs of at most 256 threads, two an SM, else 512, one an SM), which
 // also takes the backward of half-input rows of one CTA where two or more of its
 // CTAs fit an SM. The
 // register launches (not the cluster-spread ones) copy each thread's weight vectors

@@ -16,7 +16,8 @@
 //   kStreamedClusterRow  cluster rows staged by bulk copies, rows ahead: forward
 //                        rows of 65536 or more over 512-thread CTAs (H200-class
 //                        bandwidth; two CTAs an SM), and the backward of a half
-//                        input with a float32 dW (x and dy; one CTA per SM);
+//                        input with a float32 dW (x and dy; H200-class: CTAs of
+//                        at most 256 threads, two an SM; else one CTA per SM);
 //   kDecodeRow           no more rows than SMs (latency-bound): a CTA a row,
 //                        the row and w loaded in one round;
 //   kTwoPassRow          rows too long for registers: x (and dy) read twice.
@@ -55,6 +56,10 @@ constexpr int kReduceThreads = 512;  // dW sum of many partial rows: threads per
 constexpr int kManyDwCols = 8;       // dW sum of many partial rows: columns per CTA
 constexpr int kManyDwRows = 512;     // partial rows from which the dW sum spreads over every SM
 constexpr int kStreamStages = 3;     // streamed kernels: rows staged in shared memory
+// Streamed backward cluster rows on devices of kStreamedRowsMinBandwidth: CTAs of at most this
+// many threads (the cluster widened up to kMaxCluster), whose three stages of x and dy (96 KB at
+// 256 threads) leave two CTAs an SM.
+constexpr int kStreamedClusterThreads = 256;
 // Copy bandwidth (read + write, bytes/s) from which the backward streams half-input rows of one
 // CTA and the forward rows of kStreamedFwdMinRow or more: an H200 (4.19e12) needs more bytes in
 // flight per SM than the register kernels' rows give it; on an H100 (2.97e12) the register
@@ -120,6 +125,8 @@ struct RmsLaunchConfig {
   int ctas_per_sm = 1;   // backward cluster rows: 2 (registers capped by __launch_bounds__)
   int stages = 0;        // kStreamedRow, kStreamedClusterRow: rows staged (x; backward x and dy)
   bool prefetch_next = false;  // backward kCtaRow: each CTA fetches its next row into L2 while on this one
+  bool refill_after_dx = false;  // backward kStreamedClusterRow: a stage refilled as soon as its row's dx is
+                                 // written, behind a CTA barrier of its own, not after the next row's sum
   int64_t clusters = 0;  // row groups launched (grid = clusters * cluster); backward: dW partial rows
   int64_t dw_columns = 0;  // kDecodeRow backward: CTAs after the rows that sum dW by columns
   int64_t smem = 0;      // dynamic shared memory bytes (backward dW accumulators, staged rows)
@@ -271,21 +278,33 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   //  - rows of a whole warp (N = 520 ... 1024), each a CTA of 32 threads, on the same
   //    devices: the register kernel's CTAs of 8 such rows take 116-124 registers a thread,
   //    two CTAs an SM, and reach 0.85 of copy; a 32-thread CTA stages 12 KB, about 16 an SM;
-  //  - cluster rows with a float32 dW (a float32 weight), one CTA per SM: the weight's
-  //    32-byte vectors cost the register kernel more than the streamed kernel's barriers
-  //    cost it; for the other dtypes two register CTAs per SM are faster, since with 16
-  //    warps an SM the streamed kernel's block and cluster barriers stall the whole SM.
+  //  - cluster rows with a float32 dW (a float32 weight): the weight's 32-byte vectors cost
+  //    the register kernel more than the streamed kernel's barriers cost it. On devices of
+  //    kStreamedRowsMinBandwidth the row is spread over CTAs of at most
+  //    kStreamedClusterThreads, twice the cluster, two CTAs an SM, so one CTA's loads run
+  //    while the other waits at its barriers; elsewhere 512-thread CTAs. Each stage is
+  //    refilled as soon as its row's dx is written (refill_after_dx). On an H200 0.85 of copy
+  //    at N = 32768 and 0.81 at 65536, where 512-thread CTAs, one an SM, reach 0.70 and 0.65,
+  //    and 256-thread CTAs refilled after the next row's sum 0.78 and 0.72. A 16-bit dW keeps
+  //    two register CTAs an SM (0.77-0.80 of copy; 2-6% faster than the streamed kernel with
+  //    the refill after the next row's sum, not measured against refill_after_dx).
   if (backward && !looped && !decode && c.vpt == kVpt && c.vec * elem == 16 && elem == 2) {
     const bool h200_class = f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth;
     const bool warp_rows = h200_class && c.group == 32 && c.block > c.group;
-    const int block = warp_rows ? c.group : c.block;
+    const bool cluster_rows = c.cluster > 1 && p.dw_elem == 4;
+    int block = warp_rows ? c.group : c.block, cluster = c.cluster;
+    while (cluster_rows && h200_class && block > kStreamedClusterThreads && 2 * cluster <= kMaxCluster) {
+      cluster *= 2;
+      block = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(nv, int64_t(c.vpt) * cluster), 32) * 32);
+    }
     const int64_t smem = kStreamStages * 2 * int64_t(c.vpt) * block * 16;
     const bool cta_rows = h200_class && c.cluster == 1 && (c.group == c.block || warp_rows) &&
                           2 * (smem + 1024) <= f.smem_per_sm;
-    const bool cluster_rows = c.cluster > 1 && p.dw_elem == 4;
     if ((cta_rows || cluster_rows) && smem + 1024 <= f.smem_per_block_optin) {
       streamed = true;
-      c.block = block;
+      c.block = c.group = block;
+      c.cluster = cluster;
+      c.refill_after_dx = cluster > 1;
       c.stages = kStreamStages;
       c.ctas_per_sm = 1;
       c.smem = smem;
@@ -469,6 +488,7 @@ inline LaunchConfigView rms_view(const RmsLaunchConfig& c, const RmsProblem& p) 
               {"ctas_per_sm", c.ctas_per_sm},
               {"stages", c.stages},
               {"prefetch_next", c.prefetch_next},
+              {"refill_after_dx", c.refill_after_dx},
               {"row_groups", c.clusters},
               {"dw_columns", c.dw_columns},
               {"smem", c.smem},
