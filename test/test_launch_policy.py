@@ -412,9 +412,10 @@ BANDWIDTH_CASES = [
      {"h200": ("streamed_rows", dict(threads=128, row_groups=SMS + 1, dw_fold=1)),
       "h100": ("register_rows", dict(threads=256, row_groups=SMS + 1))}),
     # The backward of cluster rows with a float32 dW on a half input: the streamed kernel, 3 rows
-    # of x and dy staged, each stage refilled as soon as its row's dx is written. On an H200 CTAs of at most 256 threads, the cluster widened (96 KB: two
-    # CTAs an SM, SMS / 4 clusters of 8 at N = 65536, SMS / 2 of 4 at 32768; at 40000, 5000
-    # vectors, eight CTAs of 160 threads, three an SM); on an H100 512-thread CTAs, one an SM.
+    # of x and dy staged, each stage refilled as soon as its row's dx is written. On an H200 CTAs
+    # of at most 256 threads, the cluster widened (96 KB: two CTAs an SM, SMS / 4 clusters of 8
+    # at N = 65536, SMS / 2 of 4 at 32768; at 40000, 5000 vectors, eight CTAs of 160 threads,
+    # three an SM); on an H100 512-thread CTAs, one an SM.
     ("rms_norm_backward", [2048, 65536, 4], BF16,
      {"h200": ("streamed_cluster_row", dict(cluster=8, block=256, group=256, ctas_per_sm=1, stages=3,
                                             smem=3 * 2 * 4 * 256 * 16, row_groups=SMS // 4, dw_sum=DW_ORDERED,
