@@ -205,10 +205,6 @@ CASES = [
      dict(cluster=8, block=512, vpt=1, ctas_per_sm=2, smem=0, row_groups=1, dw_sum=DW_DIRECT), 0),
     ("rms_norm_backward", [8, 32768, 2], BF16, "cluster_row",
      dict(cluster=2, block=512, vpt=4, ctas_per_sm=2, row_groups=8, dw_sum=DW_ORDERED), 8 * 32768 * 4),
-    ("rms_norm_backward", [2048, 65536, 2], BF16, "cluster_row",
-     dict(cluster=4, block=512, ctas_per_sm=2, stages=0, smem=512 * 4 * 8 * 4, row_groups=SMS // 2,
-          dw_sum=DW_ORDERED), SMS // 2 * 65536 * 4),
-    ("rms_norm_backward", [2048, 65536, 0], BF16, "cluster_row", dict(cluster=4, dw_sum=DW_NONE), 0),
     ("rms_norm_backward", [2048, 65536, 4], F32, "cluster_row", dict(cluster=8, ctas_per_sm=2), None),
     # A float32 dW on a half input: the streamed kernel, 3 rows of x and dy staged by bulk
     # copies (BANDWIDTH_CASES: its CTAs by device). Rows of 131072 fill a cluster of eight
@@ -266,9 +262,9 @@ CASES = [
     ("rms_norm_fused_backward", [4096, 1000, 1, 2], BF16, "register_rows", dict(threads=256, group=32, vpt=4), None),
     ("rms_norm_fused_backward", [16384, 4096, 1, 2], F32, "register_rows",
      dict(threads=512, vpt=2, ctas_per_sm=2, row_groups=2 * SMS), 2 * SMS * 4096 * 4),
-    ("rms_norm_fused_backward", [4096, 32768, 1, 2], BF16, "cluster_rows",
+    ("rms_norm_fused_backward", [SMS, 32768, 1, 2], BF16, "cluster_rows",
      dict(threads=512, group=512, cluster=4, vpt=2, ctas_per_sm=2, row_groups=SMS // 2), SMS // 2 * 32768 * 4),
-    ("rms_norm_fused_backward", [2048, 65536, 1, 4], BF16, "cluster_rows",
+    ("rms_norm_fused_backward", [SMS, 65536, 1, 4], BF16, "cluster_rows",
      dict(cluster=8, vpt=2, ctas_per_sm=2, row_groups=SMS // 4), SMS // 4 * 65536 * 4),
     ("rms_norm_fused_backward", [64, 40000, 1, 2], BF16, "cluster_rows", dict(cluster=5, vpt=2, row_groups=52), None),
     ("rms_norm_fused_backward", [1024, 65536, 1, 4], F32, "cluster_rows",
@@ -350,7 +346,7 @@ BANDWIDTH_CASES = [
      {"h200": ("cta_row", dict(block=512, prefetch_next=1)), "h100": ("cta_row", dict(block=512, prefetch_next=0))}),
     ("rms_norm_backward", [1024, 5120, 4], F32,
      {"h200": ("cta_row", dict(block=320, prefetch_next=0)), "h100": ("cta_row", dict(block=320, prefetch_next=0))}),
-    ("rms_norm_backward", [1024, 32768, 2], BF16,
+    ("rms_norm_backward", [SMS, 32768, 2], BF16,
      {"h200": ("cluster_row", dict(cluster=2, prefetch_next=0)),
       "h100": ("cluster_row", dict(cluster=2, prefetch_next=0))}),
     # Half-input rows of a whole warp: on an H200 a CTA of 32 threads each, streamed (12 KB of
@@ -432,7 +428,44 @@ BANDWIDTH_CASES = [
     ("rms_norm_backward", [300, 40000, 4], F16,
      {"h200": ("streamed_cluster_row", dict(cluster=8, block=160, row_groups=3 * SMS // 8)),
       "h100": ("streamed_cluster_row", dict(cluster=4, block=320, row_groups=SMS // 4))}),
-    # A 16-bit dW keeps two register CTAs an SM on every device (CASES).
+    # A 16-bit dW (or none), more rows than SMs: on an H200 the same streamed CTAs; on an H100
+    # two register CTAs of 512 threads an SM (no more rows than SMs: the register kernel on
+    # both, CASES).
+    ("rms_norm_backward", [2048, 65536, 2], BF16,
+     {"h200": ("streamed_cluster_row", dict(cluster=8, block=256, stages=3, smem=3 * 2 * 4 * 256 * 16,
+                                            row_groups=SMS // 4, dw_sum=DW_ORDERED, refill_after_dx=True)),
+      "h100": ("cluster_row", dict(cluster=4, block=512, ctas_per_sm=2, stages=0, smem=512 * 4 * 8 * 4,
+                                   row_groups=SMS // 2, dw_sum=DW_ORDERED, refill_after_dx=False))}),
+    ("rms_norm_backward", [2048, 65536, 0], BF16,
+     {"h200": ("streamed_cluster_row", dict(cluster=8, block=256, dw_sum=DW_NONE)),
+      "h100": ("cluster_row", dict(cluster=4, dw_sum=DW_NONE))}),
+    ("rms_norm_backward", [1024, 32768, 2], BF16,
+     {"h200": ("streamed_cluster_row", dict(cluster=4, block=256, row_groups=SMS // 2, refill_after_dx=True)),
+      "h100": ("cluster_row", dict(cluster=2, block=512, prefetch_next=0))}),
+    # rms_norm_fused_backward cluster rows of dy, h and dres in the input's dtype, more rows than
+    # SMs: on an H200 streamed where CTAs of at most 128 threads (the cluster doubled up to 8)
+    # leave three CTAs an SM (3 rows of the CTA's slices of dy, h and dres staged: 72 KB at 128
+    # threads), else (N = 40000: 160 threads; 65536: 256) the register kernel. On an H100 the
+    # register kernel: 512 x 2, two CTAs an SM.
+    ("rms_norm_fused_backward", [4096, 32768, 1, 2], BF16,
+     {"h200": ("streamed_cluster_rows", dict(threads=128, group=128, cluster=8, vpt=4, stages=3,
+                                             smem=3 * 3 * 4 * 128 * 16, row_groups=3 * SMS // 8)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=4, vpt=2, ctas_per_sm=2, stages=0, row_groups=SMS // 2))}),
+    ("rms_norm_fused_backward", [8192, 16384, 1, 4], F32,
+     {"h200": ("streamed_cluster_rows", dict(threads=128, cluster=8, smem=3 * 3 * 4 * 128 * 16)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=4, vpt=2))}),
+    ("rms_norm_fused_backward", [300, 40000, 1, 2], F16,
+     {"h200": ("cluster_rows", dict(threads=512, cluster=5, vpt=2)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=5, vpt=2))}),
+    ("rms_norm_fused_backward", [2048, 65536, 1, 4], BF16,
+     {"h200": ("cluster_rows", dict(threads=512, cluster=8, vpt=2, ctas_per_sm=2, row_groups=SMS // 4)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=8, vpt=2, ctas_per_sm=2, row_groups=SMS // 4))}),
+    ("rms_norm_fused_backward", [2048, 65536, 1, 4], F32,
+     {"h200": ("cluster_rows", dict(threads=512, cluster=8, vpt=4)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=8, vpt=4))}),
+    ("rms_norm_fused_backward", [4096, 32768, 1, 2, 0], BF16,  # grad_out or h not bfloat16: register rows
+     {"h200": ("cluster_rows", dict(threads=512, cluster=4, vpt=2)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=4, vpt=2))}),
 ]
 
 
@@ -509,7 +542,7 @@ def test_every_kind_is_reached():
         ("rms_norm_quant", "cluster_rows"),
         ("rms_norm_fused_backward", "empty"), ("rms_norm_fused_backward", "register_rows"),
         ("rms_norm_fused_backward", "cluster_rows"), ("rms_norm_fused_backward", "cta_rows"),
-        ("rms_norm_fused_backward", "streamed_rows"),
+        ("rms_norm_fused_backward", "streamed_rows"), ("rms_norm_fused_backward", "streamed_cluster_rows"),
     }
 
 

@@ -180,9 +180,9 @@ def test_backward_single_row(device, n, dtype):
 def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     # Rows that need a thread-block cluster, several per cluster (the slot parity
     # across cluster barriers, dW accumulated over a cluster's rows, added while
-    # waiting at the barrier). A float32 weight with a half input: the backward's
-    # streamed kernel (x and dy staged by bulk copies, three rows in turn through
-    # its stages; at N = 40000 its CTAs' last chunks are partly past the row).
+    # waiting at the barrier). The backward of a half input on an H200: the streamed
+    # kernel (x and dy staged by bulk copies, three rows in turn through its stages;
+    # at N = 40000 its CTAs' last chunks are partly past the row).
     if device.type != "cuda":
         pytest.skip("cluster kernels: CUDA only (the CPU path is covered by the row sweep)")
     x = random((300, n), dtype, device)
@@ -198,9 +198,8 @@ def test_long_rows_many_per_cluster(device, dtype, wdt, n):
     assert_close(dw, refs[1], dtype=wdt, scale=4 * 300**0.5)
     again = torch.ops.baracuda.rms_norm_backward(g, x, [n], rstd, w, [True, True])
     assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
-    assert rms_config(300, n, dtype, backward=True).kind == "cluster_row"
-    streamed = rms_config(300, n, dtype, backward=True, dw_dtype=wdt).kind == "streamed_cluster_row"
-    assert streamed == (wdt == torch.float32 and dtype != torch.float32)
+    kind = rms_config(300, n, dtype, backward=True, dw_dtype=wdt).kind
+    assert kind == ("cluster_row" if dtype == torch.float32 else "streamed_cluster_row")
 
 
 @pytest.mark.parametrize("dtype,wdt,n", [(torch.bfloat16, torch.bfloat16, 16384), (torch.bfloat16, torch.float32, 16384),

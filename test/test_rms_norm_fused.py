@@ -232,13 +232,35 @@ def test_streamed_rows_match_float64(device, dtype, casting):
         _check_backward((m, n), (n,), (n,), dtype, wdt, residual, casting, device)
 
 
+# Cluster rows streamed through shared memory on CUDA (an H200's bandwidth; register cluster rows
+# elsewhere): 16-bit rows of 32768 and float32 rows of 16384, eight CTAs of 128 threads; more rows
+# than the clusters times their stages (every stage is refilled), and rows of 32760 (the last CTA's
+# last chunk one vector short).
+STREAMED_CLUSTER_CASES = {torch.bfloat16: [(300, 32768), (300, 32760)], torch.float16: [(300, 32760)],
+                          torch.float32: [(300, 16384), (300, 16380)]}
+
+
+@pytest.mark.parametrize("dtype", list(STREAMED_CLUSTER_CASES))
+@pytest.mark.parametrize("casting", ["torch", "llama"])
+def test_streamed_cluster_rows_match_float64(device, dtype, casting):
+    if device.type != "cuda":
+        pytest.skip("the streamed cluster rows are a CUDA kernel (CPU rows: LONG_CASES)")
+    cases = STREAMED_CLUSTER_CASES[dtype]
+    kinds = [launch_config("rms_norm_fused_backward", [m, n, 1, 4], dtype, "h200") for m, n in cases]
+    assert {c.kind for c in kinds} == {"streamed_cluster_rows"}
+    for (m, n), wdt, residual in itertools.product(cases, (dtype, torch.float32), (None, dtype)):
+        _check_backward((m, n), (n,), (n,), dtype, wdt, residual, casting, device)
+
+
 @pytest.mark.parametrize("dres", [False, True])
 @pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False),
                                   (False, False, True), (True, True, False)])
-def test_streamed_rows_each_output_alone(device, dres, mask):
+@pytest.mark.parametrize("shape", [(1300, 4096), (300, 32768)])
+def test_streamed_rows_each_output_alone(device, dres, mask, shape):
+    # Streamed rows of one CTA, and of a cluster.
     if device.type != "cuda":
         pytest.skip("the streamed rows are a CUDA kernel")
-    shape, ns = (1300, 4096), (4096,)
+    ns = shape[-1:]
     g, h, w = (random(shape, torch.bfloat16, device), random(shape, torch.bfloat16, device),
                random(ns, torch.bfloat16, device))
     gh = random(shape, torch.bfloat16, device) if dres else None

@@ -55,8 +55,9 @@ def self_checks():
             # CTA each, staged; at 1100 x 2048 and 600 x 4096 a full wave of 8 and 4 an
             # SM, whose CTAs fold dW in launch clusters; at 600 x 1024 600 partial rows, which the
             # dW sum spreads over every SM), a row per cluster (CUDA: weight
-            # staged in shared memory, wholly or partly; with a float32 weight on
-            # a half input x and dy staged by bulk copies, at 40000 in part).
+            # staged in shared memory, wholly or partly; half-input rows with x and dy
+            # staged by bulk copies: with a float32 weight, and on an H200 the 150
+            # rows of 32768 with a 16-bit one too; at 40000 in part).
             shapes = ((1, 4096), (1, 16384), (1, 32768), (6, 7), (6, 1024), (6, 3000), (6, 65536), (200, 40),
                       (200, 776), (300, 1024), (600, 1024), (1100, 2048), (200, 4096), (600, 4096), (100, 5120), (48, 16384),
                       (150, 32768), (20, 40000))

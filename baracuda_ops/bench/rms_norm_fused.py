@@ -29,8 +29,9 @@ def self_checks():
     # with x), 19 rows of 32776 the backward's cluster rows (5 CTAs a row, the last one's slice partly
     # past the row; float64's rows: the CTA-per-row kernel), 1300 rows of 2560 the backward's streamed
     # rows of 16-bit inputs on an H200 (every stage refilled, each row's last chunk of vectors partial),
-    # 2500 rows of 2048 those rows' CTAs folding dW in launch clusters, 33 rows of 200 the quant's
-    # decode rows.
+    # 2500 rows of 2048 those rows' CTAs folding dW in launch clusters, 300 rows of 32760 the
+    # backward's streamed cluster rows of 16-bit inputs (eight CTAs of 128 threads, the last CTA's
+    # last chunk one vector short; float32: the register cluster rows, 8 x 512), 33 rows of 200 the quant's decode rows.
     def forward(dtype, offset, m, n):
         def run(device):
             x, r = (torch.randn(m, n, device=device, dtype=dtype) for _ in range(2))
@@ -83,6 +84,7 @@ def self_checks():
         checks.append(SelfCheck("rms_norm_fused_backward (19 x 32776)", dtype, backward(dtype, 32776)))
         checks.append(SelfCheck("rms_norm_fused_backward (1300 x 2560)", dtype, backward(dtype, 2560, 1300)))
         checks.append(SelfCheck("rms_norm_fused_backward (2500 x 2048)", dtype, backward(dtype, 2048, 2500)))
+        checks.append(SelfCheck("rms_norm_fused_backward (300 x 32760)", dtype, backward(dtype, 32760, 300)))
         checks.append(SelfCheck("rms_norm_quant", dtype, quant(dtype)))
     return checks
 

@@ -1,15 +1,15 @@
 // rms_norm backward, rows streamed through shared memory by bulk copies.
 #pragma once
 
-#include "streamed_rows.cuh"
+#include "baracuda/streamed_rows.cuh"
+#include "common.cuh"
 
 namespace baracuda {
 namespace {
 
 // ---------------------------------------------------------------------------
 // Backward of rows streamed (sm_90; the policy takes it for half inputs: rows of one
-// CTA where two or more of its CTAs fit an SM, and cluster rows with a float32
-// weight): the same sums as rms_norm_bwd_kernel, in the same order for the same row
+// CTA where two or more of its CTAs fit an SM, and cluster rows): the same sums as rms_norm_bwd_kernel, in the same order for the same row
 // layout (the same dx bits), with x and dy brought into shared memory by bulk copies
 // (cp.async.bulk) rows ahead, and the rows overlapped: while the sum of row i is in flight (between
 // arriving at its cluster barrier and waiting there; a CTA that is its own cluster

@@ -18,12 +18,13 @@
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster;
 //   - forward rows of 65536 or more over clusters of 512-thread CTAs on
 //     H200-class devices: staged in shared memory by bulk copies, rows overlapped
-//     (rms_norm_fwd_streamed_kernel; streamed_rows.cuh).
+//     (rms_norm_fwd_streamed_kernel; baracuda/streamed_rows.cuh).
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
-// their dW sums while they wait at the row's cluster barrier; with a float32 weight
-// on a half input, x and dy staged in shared memory by bulk copies and consecutive
-// rows overlapped instead (rms_norm_bwd_streamed_kernel; on H200-class devices
-// CTAs of at most 256 threads, two an SM, else 512, one an SM), which
+// their dW sums while they wait at the row's cluster barrier; those of a half input
+// (H200-class devices, more rows than SMs; elsewhere with a float32 weight) instead
+// stage x and dy in shared memory by bulk copies and overlap consecutive rows
+// (rms_norm_bwd_streamed_kernel; on H200-class devices CTAs of at most 256 threads,
+// two an SM, else 512, one an SM), which
 // also takes the backward of half-input rows of one CTA where two or more of its
 // CTAs fit an SM. The
 // register launches (not the cluster-spread ones) copy each thread's weight vectors
@@ -77,28 +78,6 @@ using namespace rms;  // the policy's constants (baracuda/rms_norm_policy.h)
 
 // ---------------------------------------------------------------------------
 // Device helpers (the row helpers shared with rms_norm_fused: baracuda/rms_rows.cuh).
-
-// Where this thread sits: its row within the CTA's rows, its index u among the
-// row's threads, and the first row group / stride of the grid-stride loop.
-struct RowLayout {
-  int g;             // row within the CTA
-  int u;             // thread index within the row (0 .. row_threads)
-  int row_threads;   // group * cluster
-  int rank;          // CTA rank within its cluster
-  int rows_per_cta;  // blockDim.x / group
-  int64_t first;     // first row of this CTA's row group
-  int64_t step;      // rows between two iterations
-
-  __device__ RowLayout(int group, int cluster) {
-    rows_per_cta = blockDim.x / group;
-    g = threadIdx.x / group;
-    rank = blockIdx.x % cluster;
-    u = rank * group + threadIdx.x % group;
-    row_threads = group * cluster;
-    first = int64_t(blockIdx.x / cluster) * rows_per_cta;
-    step = int64_t(gridDim.x / cluster) * rows_per_cta;
-  }
-};
 
 // Vector j of this thread's staged weight (staged_weight's slots) as AccT.
 template <typename AccT, typename W, int kChunkElems, int V>

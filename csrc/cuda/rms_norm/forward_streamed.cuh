@@ -1,7 +1,8 @@
 // rms_norm forward, rows streamed through shared memory by bulk copies.
 #pragma once
 
-#include "streamed_rows.cuh"
+#include "baracuda/streamed_rows.cuh"
+#include "common.cuh"
 
 namespace baracuda {
 namespace {

@@ -2,6 +2,7 @@
 // streamed through shared memory, the CTA-per-row kernel, and the ordered sum of the dW
 // partial rows (rms_dw_sum_kernel; see common.cuh; the policy:
 // baracuda/rms_norm_fused_policy.h).
+#include "baracuda/streamed_rows.cuh"
 #include "common.cuh"
 
 namespace baracuda {
@@ -23,7 +24,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
   const int cluster = kClusterRows ? cluster_arg : 1;
   __shared__ cuda::BlockSumScratch<AccT> scratch;
   __shared__ AccT slots[2];  // cluster rows: the CTA's sum of a row, by row parity (row_sum)
-  const RowSlot L(group, cluster);
+  const RowLayout L(group, cluster);
   const int64_t N = s.N;
   const int nv = static_cast<int>(N / V);
   cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
@@ -248,6 +249,120 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
 #endif
 }
 
+// Backward of cluster rows streamed through shared memory (kStreamedClusterRows; sm_90):
+// a row over `cluster` CTAs of blockDim.x threads × kStreamVpt vectors, thread u of the
+// row taking vectors q = j * row_threads + u (the register rows' map). The CTA's slices
+// of the row's dy, h (and dres: kTensors = 3) are staged by bulk copies kStreamStages
+// rows ahead (StreamedRows), and the rows overlapped as in rms_norm's streamed backward:
+// while row i's sum is in flight over the cluster (between arriving at the barrier and
+// waiting there) the CTA computes row i + 1's partial sum and dW terms, and after
+// publishing that, row i's d. Stage i % kStreamStages is refilled with row
+// i + kStreamStages as soon as row i's d is written (behind a CTA barrier), so the
+// refill has a whole row's time, cluster wait included, to land. Per row (g = dy * wo):
+//   s = sum g * h;  d = rstd * g - h * rstd^3 * s / N (+ dres), written to dx and dr;
+//   dW: dy * x_hat summed over the cluster's rows in registers, one partial row a
+//   cluster (each CTA its columns). The weight stays in registers as loaded.
+template <typename T, typename W, typename AccT, int kTensors>
+__global__ void __launch_bounds__(kBwdMaxThreads, 1)
+    fused_streamed_cluster_backward_kernel(const T* __restrict__ dy, const T* __restrict__ dres,
+                                           const T* __restrict__ h, const AccT* __restrict__ rstd,
+                                           const W* __restrict__ w, T* __restrict__ dx, T* __restrict__ dr,
+                                           AccT* __restrict__ dw_partials, FusedRows s, int cluster, AccT offset,
+                                           bool llama) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int V = 16 / sizeof(T);
+  constexpr int Vpt = fused::kStreamVpt;
+  static_assert(Vpt == rms::kVpt, "StreamedRows stages rms::kVpt vectors a thread");
+  using Raw = cuda::RawVec<T, V>;
+  cuda::start_next_grid();  // rms_dw_sum_kernel may take its SMs' free slots now
+  const auto rows = [&] {
+    if constexpr (kTensors == 3) {
+      return StreamedRows<T, AccT, V, 3>::make({dy, h, dres}, s.M, static_cast<int>(s.N), cluster);
+    } else {
+      return StreamedRows<T, AccT, V, 2>::make({dy, h}, s.M, static_cast<int>(s.N), cluster);
+    }
+  }();
+  rows.start();
+  RawWeight<W, V> wv[Vpt];
+  rows.load_weight(w, wv);
+  const auto wo = [&](int j, int e) { return wv[j].template at<AccT>(e) + offset; };  // offset 0 without w
+  AccT dw[Vpt * V] = {};
+  // Row i's partial sum of g * h (waiting for its stage), its dW terms added.
+  const auto partial_sum = [&](int64_t i, AccT r) {
+    rows.ring.wait(i);
+    AccT sum = 0;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (!rows.staged.mine(j)) continue;
+      const Raw gv = rows.staged.at(i, 0, j), hv = rows.staged.at(i, 1, j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const AccT g = cuda::raw_elem<AccT, T, V>(gv, e), he = cuda::raw_elem<AccT, T, V>(hv, e);
+        sum += g * wo(j, e) * he;
+        if (dw_partials != nullptr) dw[j * V + e] += g * fused_xhat<T>(he, r, llama);
+      }
+    }
+    return sum;
+  };
+  const auto write_d = [&](int64_t i, AccT r, AccT sg) {
+    const AccT k = r * r * r * sg / static_cast<AccT>(s.N);
+    const int64_t row = rows.row_of(i);
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (!rows.staged.mine(j)) continue;
+      const Raw gv = rows.staged.at(i, 0, j), hv = rows.staged.at(i, 1, j);
+      AccT d[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        d[e] = r * (cuda::raw_elem<AccT, T, V>(gv, e) * wo(j, e)) - cuda::raw_elem<AccT, T, V>(hv, e) * k;
+      }
+      const int64_t at = row * s.N + int64_t(j * rows.staged.L.row_threads + rows.staged.L.u) * V;
+      if constexpr (kTensors == 3) {
+        const Raw rv = rows.staged.at(i, 2, j);
+#pragma unroll
+        for (int e = 0; e < V; ++e) d[e] += cuda::raw_elem<AccT, T, V>(rv, e);
+      }
+      if (dx != nullptr) store_row_slice<T, V>(dx + at, d);
+      if (dr != nullptr) store_row_slice<T, V>(dr + at, d);
+    }
+  };
+  if (rows.count > 0) {
+    AccT r = rstd[rows.row_of(0)];
+    AccT r_next = rows.count > 1 ? rstd[rows.row_of(1)] : AccT(0);
+    AccT own = rows.sum.publish(partial_sum(0, r), 0);
+    for (int64_t i = 0; i < rows.count; ++i) {
+      const bool more = i + 1 < rows.count;
+      const AccT r_after = i + 2 < rows.count ? rstd[rows.row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
+      AccT part_next = 0;
+      if (more) part_next = partial_sum(i + 1, r_next);
+      const AccT sg = rows.sum.collect(i & 1, own);
+      if (more) own = rows.sum.publish(part_next, (i + 1) & 1);
+      write_d(i, r, sg);
+      if (i + rows.kStages < rows.count) {
+        __syncthreads();  // every thread is done with row i's stage
+        if (threadIdx.x == 0) rows.refill(i + rows.kStages);
+      }
+      r = r_next;
+      r_next = r_after;
+    }
+  }
+  if (dw_partials != nullptr) {
+    AccT* part = dw_partials + int64_t(blockIdx.x / cluster) * s.N;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      if (!rows.staged.mine(j)) continue;
+      AccT sums[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) sums[e] = dw[j * V + e];
+      store_row_slice<AccT, V>(part + int64_t(j * rows.staged.L.row_threads + rows.staged.L.u) * V, sums);
+    }
+  }
+  cooperative_groups::this_cluster().sync();  // no CTA leaves while another still reads its slots
+#else
+  __trap();  // clusters and bulk copies: chosen only on sm_90 and newer
+#endif
+}
+
 template <typename T, typename R, typename W, typename OutT, typename AccT>
 __global__ void __launch_bounds__(kMaxThreads)
     fused_backward_kernel(const OutT* __restrict__ dy, const R* __restrict__ dres, const R* __restrict__ h,
@@ -369,6 +484,17 @@ void rms_norm_fused_backward_out_cuda(const at::Tensor& grad_out, const std::opt
         partial_rows = groups / fold;
       } else {
         TORCH_CHECK(false, op, ": no streamed kernel for these dtypes");  // the policy streams 16-bit rows only
+      }
+    } else if (c.kind == FusedKernel::kStreamedClusterRows) {
+      if constexpr ((sizeof(T) == 2 || sizeof(T) == 4) && std::is_same_v<R, T> && std::is_same_v<OutT, T>) {
+        const auto launch = [&](auto kernel) {
+          return launch_register_rows(kernel, c, dy_p, dres_p, h_p, rstd_p, w_p, dx, dr, partials, rows, c.cluster,
+                                      offset, llama);
+        };
+        partial_rows = dres_p != nullptr ? launch(fused_streamed_cluster_backward_kernel<T, W, AccT, 3>)
+                                         : launch(fused_streamed_cluster_backward_kernel<T, W, AccT, 2>);
+      } else {
+        TORCH_CHECK(false, op, ": no streamed kernel for these dtypes");  // the policy streams them in the input's dtype
       }
     } else {
       const bool cluster_rows = c.kind == FusedKernel::kClusterRows;

@@ -58,26 +58,6 @@ using cuda::ceil_div;
 using fused::kBwdMaxThreads;
 using fused::kMaxThreads;
 
-// Rows in registers: this thread's row within the CTA (g), its index among the row's
-// threads (u: rank * group + its index in the CTA's group), the row's threads, and
-// the grid-stride loop's first row and stride (row groups: CTAs, or clusters).
-struct RowSlot {
-  int g;
-  int u;
-  int row_threads;
-  int64_t first;
-  int64_t step;
-
-  __device__ RowSlot(int group, int cluster) {
-    const int rows_per_cta = blockDim.x / group;
-    g = threadIdx.x / group;
-    u = int(blockIdx.x % cluster) * group + threadIdx.x % group;
-    row_threads = group * cluster;
-    first = int64_t(blockIdx.x / cluster) * rows_per_cta;
-    step = int64_t(gridDim.x / cluster) * rows_per_cta;
-  }
-};
-
 // wo = w[col .. col + V) + offset as AccT (1 without a weight).
 template <typename AccT, typename W, int V>
 __device__ __forceinline__ void load_weight_offset(const W* __restrict__ w, int64_t col, AccT offset, AccT (&wo)[V]) {

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int cluster = kClusterRows ? cluster_arg : 1;
   __shared__ cuda::BlockSumScratch<AccT> scratch;
   __shared__ AccT sum_slots[2], max_slots[2];  // cluster rows: the CTA's sum and max of a row, by row parity
-  const RowSlot L(group, cluster);
+  const RowLayout L(group, cluster);
   const int64_t N = a.s.N;
   const int nv = static_cast<int>(N / V);
   int parity = 0;

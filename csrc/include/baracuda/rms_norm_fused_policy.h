@@ -23,6 +23,11 @@
 //                  its rows), past the decode rows, on H200-class bandwidth (sm_90): 4
 //                  vectors a thread, dy, h and dres staged by bulk copies in 2 or 3 rows
 //                  of shared memory ahead of their use;
+//   kStreamedClusterRows  backward cluster rows of a 16-bit or float32 input whose dy, h and
+//                  dres are of its dtype, one weight row, more rows than SMs, on H200-class
+//                  bandwidth (sm_90): CTAs of at most kStreamedClusterThreads × 4 vectors,
+//                  dy, h and dres staged 3 rows ahead, where kStreamedClusterCtas of them fit
+//                  an SM;
 //   kCtaRows       everything else (rows not of whole vectors, the dW of a per-head
 //                  weight, rows too long for a cluster): a CTA a row, two passes.
 // Backward dW (deterministic, no atomics): each row group (CTA or cluster) writes a
@@ -55,6 +60,8 @@ constexpr int kMaxCluster = 8;          // portable thread-block cluster size
 constexpr int kStreamVpt = 4;           // streamed backward rows: vectors a thread
 constexpr int kStreams = 3;             // streamed backward rows: dy, h and dres staged
 constexpr int kMaxStages = 3;           // streamed backward rows: rows staged, at most
+constexpr int kStreamedClusterThreads = 128;  // streamed backward cluster rows: a CTA's threads, at most
+constexpr int kStreamedClusterCtas = 3;       // ... and the CTAs an SM's shared memory must hold
 constexpr int64_t kCtaSmemReserve = 2048;  // a CTA's shared memory beside its stages: the
                                            // runtime's 1 KB, block-sum scratch, mbarriers
 
@@ -72,7 +79,15 @@ struct FusedProblem {
   bool streams_in_dtype = true; // backward: dy, h and dres of the input's dtype
 };
 
-enum class FusedKernel { kEmpty, kRegisterRows, kDecodeRows, kClusterRows, kStreamedRows, kCtaRows };
+enum class FusedKernel {
+  kEmpty,
+  kRegisterRows,
+  kDecodeRows,
+  kClusterRows,
+  kStreamedRows,
+  kStreamedClusterRows,
+  kCtaRows
+};
 
 struct FusedLaunchConfig {
   FusedKernel kind = FusedKernel::kEmpty;  // M == 0 or N == 0: no kernel runs
@@ -93,7 +108,8 @@ struct FusedLaunchConfig {
 
   bool register_kind() const {
     return kind == FusedKernel::kRegisterRows || kind == FusedKernel::kDecodeRows ||
-           kind == FusedKernel::kClusterRows || kind == FusedKernel::kStreamedRows;
+           kind == FusedKernel::kClusterRows || kind == FusedKernel::kStreamedRows ||
+           kind == FusedKernel::kStreamedClusterRows;
   }
 };
 
@@ -214,6 +230,17 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
 // rows than SMs instead stage dy, h and dres (sized for all three) by bulk copies, as many
 // rows ahead (2 or 3) as leave two CTAs an SM; N = 16384 fits one stage and stays in
 // registers. As many CTAs as shared memory holds, a dW partial row each.
+// Streamed cluster rows: the register cluster rows wait at every row's cluster barrier with
+// their next loads not yet issued (0.70-0.85 of copy). Rows of an input (16-bit or
+// float32, dy, h and dres of its dtype, one weight row, more rows than SMs, H200-class
+// bandwidth) instead go over CTAs of at most kStreamedClusterThreads (the cluster doubled up
+// to kMaxCluster), 3 rows of their slices of dy, h and dres staged by bulk copies, rows
+// overlapped around the cluster barrier, where kStreamedClusterCtas such CTAs fit an SM's
+// shared memory: on an H200 0.84 of copy at [4096, 32768] bf16 (register: 0.73-0.77) and
+// 0.97 at [8192, 16384] float32 (0.85). With one CTA an SM (256 threads, 144 KB) it ran
+// 5-18% slower than the register kernel; with dres read from L2 instead of staged, 6-14%
+// slower at two CTAs an SM of 256 threads and 22-32% slower than staging it at 128; so rows
+// that need 256 threads (N = 65536 16-bit, 32768 float32) keep the register kernel.
 inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const DeviceFacts& f) {
   using namespace fused;
   FusedLaunchConfig c;
@@ -237,6 +264,30 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
         c.min_ctas = v == 2 ? 2 : 1;
         break;
       }
+    }
+  }
+  if (c.kind == FusedKernel::kClusterRows && p.elem <= 4 && p.H == 1 && p.streams_in_dtype && p.M > f.num_sms &&
+      f.dram_bytes_per_s >= rms::kStreamedRowsMinBandwidth) {
+    const int64_t row_threads = ceil_div<int64_t>(nv, kStreamVpt);
+    int cluster = 2;
+    while (2 * cluster <= kMaxCluster && ceil_div<int64_t>(row_threads, cluster) > kStreamedClusterThreads) {
+      cluster *= 2;
+    }
+    const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(row_threads, cluster), 32) * 32);
+    const int64_t smem = int64_t(rms::kStreamStages) * kStreams * kStreamVpt * threads * 16;
+    if (kStreamedClusterCtas * (smem + kCtaSmemReserve) <= f.smem_per_sm) {
+      c.kind = FusedKernel::kStreamedClusterRows;
+      c.group = c.threads = threads;
+      c.cluster = cluster;
+      c.vpt = kStreamVpt;
+      c.min_ctas = 1;
+      c.stages = rms::kStreamStages;
+      c.smem = smem;
+      const int64_t per_sm =
+          std::min<int64_t>(f.smem_per_sm / (c.smem + kCtaSmemReserve), f.max_threads_per_sm / c.threads);
+      c.ctas = std::max<int64_t>(1, std::min(p.M, per_sm * f.num_sms / cluster));
+      c.workspace = p.dw ? c.ctas * p.N * p.acc_bytes : 0;
+      return c;
     }
   }
   if (c.kind == FusedKernel::kRegisterRows && p.elem == 2 && p.H == 1 && p.streams_in_dtype && p.M > f.num_sms &&
@@ -314,6 +365,7 @@ inline const char* fused_kernel_name(FusedKernel k) {
     case FusedKernel::kDecodeRows: return "decode_rows";
     case FusedKernel::kClusterRows: return "cluster_rows";
     case FusedKernel::kStreamedRows: return "streamed_rows";
+    case FusedKernel::kStreamedClusterRows: return "streamed_cluster_rows";
     case FusedKernel::kCtaRows: return "cta_rows";
   }
   return "?";

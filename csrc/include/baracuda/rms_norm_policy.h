@@ -16,8 +16,9 @@
 //   kStreamedClusterRow  cluster rows staged by bulk copies, rows ahead: forward
 //                        rows of 65536 or more over 512-thread CTAs (H200-class
 //                        bandwidth; two CTAs an SM), and the backward of a half
-//                        input with a float32 dW (x and dy; H200-class: CTAs of
-//                        at most 256 threads, two an SM; else one CTA per SM);
+//                        input (x and dy; H200-class: CTAs of at most 256
+//                        threads, two an SM, more rows than SMs with a 16-bit dW;
+//                        elsewhere a float32 dW alone, one CTA per SM);
 //   kDecodeRow           no more rows than SMs (latency-bound): a CTA a row,
 //                        the row and w loaded in one round;
 //   kTwoPassRow          rows too long for registers: x (and dy) read twice.
@@ -284,14 +285,16 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   //    kStreamedClusterThreads, twice the cluster, two CTAs an SM, so one CTA's loads run
   //    while the other waits at its barriers; elsewhere 512-thread CTAs. Each stage is
   //    refilled as soon as its row's dx is written (refill_after_dx). On an H200 0.85 of copy
-  //    at N = 32768 and 0.81 at 65536, where 512-thread CTAs, one an SM, reach 0.70 and 0.65,
-  //    and 256-thread CTAs refilled after the next row's sum 0.78 and 0.72. A 16-bit dW keeps
-  //    two register CTAs an SM (0.77-0.80 of copy; 2-6% faster than the streamed kernel with
-  //    the refill after the next row's sum, not measured against refill_after_dx).
+  //    at N = 32768 and 0.81-0.84 at 65536, where 512-thread CTAs, one an SM, reach 0.70 and
+  //    0.65, and 256-thread CTAs refilled after the next row's sum 0.78 and 0.72;
+  //  - cluster rows with a 16-bit dW (or none), more rows than SMs, on those devices: the same
+  //    kernel and CTAs, 0.84-0.86 of copy at N = 32768 and 65536 bf16 where two register CTAs
+  //    of 512 threads an SM reach 0.76-0.80. Elsewhere, and with no more rows than SMs (a row
+  //    or none a cluster: nothing to overlap), the register kernel.
   if (backward && !looped && !decode && c.vpt == kVpt && c.vec * elem == 16 && elem == 2) {
     const bool h200_class = f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth;
     const bool warp_rows = h200_class && c.group == 32 && c.block > c.group;
-    const bool cluster_rows = c.cluster > 1 && p.dw_elem == 4;
+    const bool cluster_rows = c.cluster > 1 && (p.dw_elem == 4 || (h200_class && M > f.num_sms));
     int block = warp_rows ? c.group : c.block, cluster = c.cluster;
     while (cluster_rows && h200_class && block > kStreamedClusterThreads && 2 * cluster <= kMaxCluster) {
       cluster *= 2;

@@ -40,6 +40,30 @@ __device__ __forceinline__ void load_weight(const W* __restrict__ w, int64_t col
   }
 }
 
+// Rows in registers or staged (a row's vectors over `group` threads of a CTA times
+// `cluster` CTAs; thread u of the row holds vectors q = j * row_threads + u): where this
+// thread sits, its row within the CTA's rows, its index u among the row's threads, and
+// the first row group / stride of the grid-stride loop (row groups: CTAs, or clusters).
+struct RowLayout {
+  int g;             // row within the CTA
+  int u;             // thread index within the row (0 .. row_threads)
+  int row_threads;   // group * cluster
+  int rank;          // CTA rank within its cluster
+  int rows_per_cta;  // blockDim.x / group
+  int64_t first;     // first row of this CTA's row group
+  int64_t step;      // rows between two iterations
+
+  __device__ RowLayout(int group, int cluster) {
+    rows_per_cta = blockDim.x / group;
+    g = threadIdx.x / group;
+    rank = blockIdx.x % cluster;
+    u = rank * group + threadIdx.x % group;
+    row_threads = group * cluster;
+    first = int64_t(blockIdx.x / cluster) * rows_per_cta;
+    step = int64_t(gridDim.x / cluster) * rows_per_cta;
+  }
+};
+
 // A thread's weight vector w[col .. col + V) as loaded: 16-byte chunks of raw bits, its
 // elements converted to AccT where they are used (as x's and dy's), so that no
 // conversion waits for a weight load before the next vector's loads are issued

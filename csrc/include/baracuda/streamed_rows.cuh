@@ -1,9 +1,17 @@
-// What the rms_norm kernels that stream rows through shared memory share
-// (forward_streamed.cuh, backward_streamed.cuh): a CTA's slice of a row staged by bulk
-// copies, and a row's sum over its cluster split around other work.
+// What the kernels that stream rows through shared memory share (rms_norm's
+// forward_streamed.cuh and backward_streamed.cuh, rms_norm_fused's streamed cluster-row
+// backward): a CTA's slice of a row staged by bulk copies, and a row's sum over its
+// cluster split around other work.
 #pragma once
 
-#include "common.cuh"
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "baracuda/cuda_utils.cuh"
+#include "baracuda/rms_norm_policy.h"
+#include "baracuda/rms_rows.cuh"
 
 namespace baracuda {
 namespace {
@@ -89,14 +97,14 @@ struct ClusterRowSum {
 
 // What the streamed-rows kernels declare and walk: this CTA's rows row_of(i), i < count
 // (its cluster's row group), their slices of the kTensors tensors `from` staged
-// kStreamStages rows ahead (staged, ring: start() fetches the first, refill(i) after a
-// CTA barrier past the last read of row i - kStreamStages), and the rows' sums over the
+// rms::kStreamStages rows ahead (staged, ring: start() fetches the first, refill(i) after a
+// CTA barrier past the last read of row i - kStages), and the rows' sums over the
 // cluster (sum). Shared memory: the dynamic stages, two block-sum scratches and slots
-// (by row parity) and the stages' mbarriers. Rows of blockDim.x threads, kVpt vectors each.
+// (by row parity) and the stages' mbarriers. Rows of blockDim.x threads, rms::kVpt vectors each.
 template <typename T, typename AccT, int V, int kTensors>
 struct StreamedRows {
-  static constexpr int kStages = kStreamStages;
-  StagedRowSlices<T, V, kVpt, kTensors, kStages> staged;
+  static constexpr int kStages = rms::kStreamStages;
+  StagedRowSlices<T, V, rms::kVpt, kTensors, kStages> staged;
   cuda::BulkStageRing<kStages> ring;
   ClusterRowSum<AccT> sum;
   int64_t count;
@@ -129,9 +137,9 @@ struct StreamedRows {
   }
   // This thread's weight vectors (held in registers for all its rows).
   template <typename W>
-  __device__ void load_weight(const W* w, RawWeight<W, V> (&wv)[kVpt]) const {
+  __device__ void load_weight(const W* w, RawWeight<W, V> (&wv)[rms::kVpt]) const {
 #pragma unroll
-    for (int j = 0; j < kVpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * staged.L.row_threads + staged.L.u, staged.nv);
+    for (int j = 0; j < rms::kVpt; ++j) wv[j] = RawWeight<W, V>::load(w, j * staged.L.row_threads + staged.L.u, staged.nv);
   }
 };
 
