@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   rows.load_weight(w, wv);
   const auto wo = [&](int j, int e) { return wv[j].template at<AccT>(e) + offset; };  // offset 0 without w
   AccT dw[Vpt * V] = {};
-  // Row i's partial sum of g * h (waiting for its stage), its dW terms added.
+  // Row i's partial sum of g * wo * h (waiting for its stage), its dW terms added.
   const auto partial_sum = [&](int64_t i, AccT r) {
     rows.ring.wait(i);
     AccT sum = 0;
