@@ -52,20 +52,18 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   const auto partial_sum = [&](int64_t i, AccT r) {
     rows.ring.wait(i);
     AccT sum = 0;
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-      if (!rows.staged.mine(j)) continue;
-      const Raw xv = rows.staged.at(i, 0, j), gv = rows.staged.at(i, 1, j);
+    rows.for_each_pair(i, [&](int j, Raw xv, Raw gv) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const AccT xe = cuda::raw_elem<AccT, T, V>(xv, e), ge = cuda::raw_elem<AccT, T, V>(gv, e);
         sum += ge * wv[j].template at<AccT>(e) * xe;
         if (want_dw) dw[j * V + e] += ge * xe * r;
       }
-    }
+    });
     return sum;
   };
   const auto write_dx = [&](int64_t i, AccT r, AccT s) {
+    if (dx == nullptr) return;
     const AccT k = r * r * r * s / static_cast<AccT>(N);
     const int64_t row = rows.row_of(i);
 #pragma unroll
@@ -81,32 +79,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       cuda::store_vec<T, V>(dx + row * N + int64_t(j * rows.staged.L.row_threads + rows.staged.L.u) * V, out);
     }
   };
-  if (rows.count > 0) {
-    AccT r = rstd[rows.row_of(0)];
-    AccT r_next = rows.count > 1 ? rstd[rows.row_of(1)] : AccT(0);
-    AccT own = rows.sum.publish(partial_sum(0, r), 0);
-    for (int64_t i = 0; i < rows.count; ++i) {
-      const bool more = i + 1 < rows.count;
-      const AccT r_after = i + 2 < rows.count ? rstd[rows.row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
-      AccT part_next = 0;
-      if (more) part_next = partial_sum(i + 1, r_next);
-      const AccT s = rows.sum.collect(i & 1, own);
-      if (more) {
-        own = rows.sum.publish(part_next, (i + 1) & 1);
-        // Past the block sum's barrier every thread has written row i - 1's dx.
-        if (!refill_after_dx && threadIdx.x == 0 && i >= 1 && i - 1 + rows.kStages < rows.count) {
-          rows.refill(i - 1 + rows.kStages);
-        }
-      }
-      if (dx != nullptr) write_dx(i, r, s);
-      if (refill_after_dx && i + rows.kStages < rows.count) {
-        __syncthreads();  // every thread is done with row i's stage
-        if (threadIdx.x == 0) rows.refill(i + rows.kStages);
-      }
-      r = r_next;
-      r_next = r_after;
-    }
-  }
+  rows.walk_overlapped(rstd, refill_after_dx, partial_sum, write_dx);
   if (want_dw && fold > 1) {
     fold_dw_in_cluster<Vpt, V>(reinterpret_cast<AccT*>(rows.staged.smem), rows.staged.nv, N, fold,
                                rows.staged.L.row_threads, rows.staged.L.u, partials, [&](int k) { return dw[k]; });

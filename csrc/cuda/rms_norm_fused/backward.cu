@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
 // a row over `cluster` CTAs of blockDim.x threads × kStreamVpt vectors, thread u of the
 // row taking vectors q = j * row_threads + u (the register rows' map). The CTA's slices
 // of the row's dy, h (and dres: kTensors = 3) are staged by bulk copies kStreamStages
-// rows ahead (StreamedRows), and the rows overlapped as in rms_norm's streamed backward:
+// rows ahead (StreamedRows), and the rows overlapped (StreamedRows::walk_overlapped):
 // while row i's sum is in flight over the cluster (between arriving at the barrier and
 // waiting there) the CTA computes row i + 1's partial sum and dW terms, and after
 // publishing that, row i's d. Stage i % kStreamStages is refilled with row
@@ -291,17 +291,14 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   const auto partial_sum = [&](int64_t i, AccT r) {
     rows.ring.wait(i);
     AccT sum = 0;
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-      if (!rows.staged.mine(j)) continue;
-      const Raw gv = rows.staged.at(i, 0, j), hv = rows.staged.at(i, 1, j);
+    rows.for_each_pair(i, [&](int j, Raw gv, Raw hv) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const AccT g = cuda::raw_elem<AccT, T, V>(gv, e), he = cuda::raw_elem<AccT, T, V>(hv, e);
         sum += g * wo(j, e) * he;
         if (dw_partials != nullptr) dw[j * V + e] += g * fused_xhat<T>(he, r, llama);
       }
-    }
+    });
     return sum;
   };
   const auto write_d = [&](int64_t i, AccT r, AccT sg) {
@@ -326,26 +323,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       if (dr != nullptr) store_row_slice<T, V>(dr + at, d);
     }
   };
-  if (rows.count > 0) {
-    AccT r = rstd[rows.row_of(0)];
-    AccT r_next = rows.count > 1 ? rstd[rows.row_of(1)] : AccT(0);
-    AccT own = rows.sum.publish(partial_sum(0, r), 0);
-    for (int64_t i = 0; i < rows.count; ++i) {
-      const bool more = i + 1 < rows.count;
-      const AccT r_after = i + 2 < rows.count ? rstd[rows.row_of(i + 2)] : AccT(0);  // loaded a row ahead of its use
-      AccT part_next = 0;
-      if (more) part_next = partial_sum(i + 1, r_next);
-      const AccT sg = rows.sum.collect(i & 1, own);
-      if (more) own = rows.sum.publish(part_next, (i + 1) & 1);
-      write_d(i, r, sg);
-      if (i + rows.kStages < rows.count) {
-        __syncthreads();  // every thread is done with row i's stage
-        if (threadIdx.x == 0) rows.refill(i + rows.kStages);
-      }
-      r = r_next;
-      r_next = r_after;
-    }
-  }
+  rows.walk_overlapped(rstd, true, partial_sum, write_d);
   if (dw_partials != nullptr) {
     AccT* part = dw_partials + int64_t(blockIdx.x / cluster) * s.N;
 #pragma unroll

@@ -135,6 +135,52 @@ struct StreamedRows {
   __device__ void refill(int64_t i) const {
     ring.refill(i, [&](int64_t k) { fetch(k); });
   }
+  // Calls f(j, a, b) for each of this thread's vectors j in the row (a, b: its vectors j of
+  // tensors 0 and 1 in row i's stage). The kernels' stores keep a loop of their own: through
+  // this call nvcc emitted 8% more instructions a row there.
+  template <typename F>
+  __device__ __forceinline__ void for_each_pair(int64_t i, F&& f) const {
+#pragma unroll
+    for (int j = 0; j < rms::kVpt; ++j) {
+      if (staged.mine(j)) f(j, staged.at(i, 0, j), staged.at(i, 1, j));
+    }
+  }
+
+  // Walks the rows overlapped around their sums: while row i's sum crosses the cluster
+  // (published, not yet collected) the CTA computes partial(i + 1, rstd of row i + 1), row
+  // i + 1's part of its sum, and after publishing that, finish(i, rstd of row i, row i's
+  // sum). rstd is loaded a row ahead of its use. A stage is refilled with the row
+  // kStages on either after finish (refill_after_finish: behind a CTA barrier of its own,
+  // so the refill has a whole row's time, cluster wait included, to land) or, for row
+  // i - 1, past the block sum's barrier of row i + 1, which every thread reaches after
+  // finishing row i - 1.
+  template <typename Partial, typename Finish>
+  __device__ __forceinline__ void walk_overlapped(const AccT* rstd, bool refill_after_finish, Partial&& partial,
+                                                  Finish&& finish) const {
+    if (count == 0) return;
+    AccT r = rstd[row_of(0)];
+    AccT r_next = count > 1 ? rstd[row_of(1)] : AccT(0);
+    AccT own = sum.publish(partial(int64_t(0), r), 0);
+    for (int64_t i = 0; i < count; ++i) {
+      const bool more = i + 1 < count;
+      const AccT r_after = i + 2 < count ? rstd[row_of(i + 2)] : AccT(0);
+      AccT part_next = 0;
+      if (more) part_next = partial(i + 1, r_next);
+      const AccT s = sum.collect(i & 1, own);
+      if (more) {
+        own = sum.publish(part_next, (i + 1) & 1);
+        if (!refill_after_finish && threadIdx.x == 0 && i >= 1 && i - 1 + kStages < count) refill(i - 1 + kStages);
+      }
+      finish(i, r, s);
+      if (refill_after_finish && i + kStages < count) {
+        __syncthreads();  // every thread is done with row i's stage
+        if (threadIdx.x == 0) refill(i + kStages);
+      }
+      r = r_next;
+      r_next = r_after;
+    }
+  }
+
   // This thread's weight vectors (held in registers for all its rows).
   template <typename W>
   __device__ void load_weight(const W* w, RawWeight<W, V> (&wv)[rms::kVpt]) const {
