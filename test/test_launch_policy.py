@@ -443,10 +443,10 @@ BANDWIDTH_CASES = [
      {"h200": ("streamed_cluster_row", dict(cluster=4, block=256, row_groups=SMS // 2, refill_after_dx=True)),
       "h100": ("cluster_row", dict(cluster=2, block=512, prefetch_next=0))}),
     # rms_norm_fused_backward cluster rows of dy, h and dres in the input's dtype, more rows than
-    # SMs: on an H200 streamed where CTAs of at most 128 threads (the cluster doubled up to 8)
+    # SMs: on an H200 streamed over the fewest CTAs (2 to 16) of at most 128 threads, where they
     # leave three CTAs an SM (3 rows of the CTA's slices of dy, h and dres staged: 72 KB at 128
-    # threads), else (N = 40000: 160 threads; 65536: 256) the register kernel. On an H100 the
-    # register kernel: 512 x 2, two CTAs an SM.
+    # threads), else (N = 65536 float32: 256 threads in 16 CTAs) the register kernel. On an H100
+    # the register kernel: 512 x 2, two CTAs an SM.
     ("rms_norm_fused_backward", [4096, 32768, 1, 2], BF16,
      {"h200": ("streamed_cluster_rows", dict(threads=128, group=128, cluster=8, vpt=4, stages=3,
                                              smem=3 * 3 * 4 * 128 * 16, row_groups=3 * SMS // 8)),
@@ -454,11 +454,16 @@ BANDWIDTH_CASES = [
     ("rms_norm_fused_backward", [8192, 16384, 1, 4], F32,
      {"h200": ("streamed_cluster_rows", dict(threads=128, cluster=8, smem=3 * 3 * 4 * 128 * 16)),
       "h100": ("cluster_rows", dict(threads=512, cluster=4, vpt=2))}),
-    ("rms_norm_fused_backward", [300, 40000, 1, 2], F16,
-     {"h200": ("cluster_rows", dict(threads=512, cluster=5, vpt=2)),
+    ("rms_norm_fused_backward", [4096, 32768, 1, 4], F32,
+     {"h200": ("streamed_cluster_rows", dict(threads=128, cluster=16, smem=3 * 3 * 4 * 128 * 16,
+                                             row_groups=3 * SMS // 16)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=8, vpt=2))}),
+    ("rms_norm_fused_backward", [300, 40000, 1, 2], F16,  # 1250 threads a row: 10 CTAs of 128
+     {"h200": ("streamed_cluster_rows", dict(threads=128, cluster=10, row_groups=3 * SMS // 10)),
       "h100": ("cluster_rows", dict(threads=512, cluster=5, vpt=2))}),
     ("rms_norm_fused_backward", [2048, 65536, 1, 4], BF16,
-     {"h200": ("cluster_rows", dict(threads=512, cluster=8, vpt=2, ctas_per_sm=2, row_groups=SMS // 4)),
+     {"h200": ("streamed_cluster_rows", dict(threads=128, cluster=16, vpt=4, stages=3, smem=3 * 3 * 4 * 128 * 16,
+                                             row_groups=3 * SMS // 16)),
       "h100": ("cluster_rows", dict(threads=512, cluster=8, vpt=2, ctas_per_sm=2, row_groups=SMS // 4))}),
     ("rms_norm_fused_backward", [2048, 65536, 1, 4], F32,
      {"h200": ("cluster_rows", dict(threads=512, cluster=8, vpt=4)),

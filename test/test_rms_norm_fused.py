@@ -233,11 +233,13 @@ def test_streamed_rows_match_float64(device, dtype, casting):
 
 
 # Cluster rows streamed through shared memory on CUDA (an H200's bandwidth; register cluster rows
-# elsewhere): 16-bit rows of 32768 and float32 rows of 16384, eight CTAs of 128 threads; more rows
-# than the clusters times their stages (every stage is refilled), and rows of 32760 (the last CTA's
-# last chunk one vector short).
-STREAMED_CLUSTER_CASES = {torch.bfloat16: [(300, 32768), (300, 32760)], torch.float16: [(300, 32760)],
-                          torch.float32: [(300, 16384), (300, 16380)]}
+# elsewhere), 128-thread CTAs: rows over 8 of them (N = 32768 16-bit, 16384 float32), 10 (40000
+# 16-bit, the last CTA's part of a row short) and 16 (65536 16-bit, 32768 float32: non-portable
+# clusters); more rows than the clusters times their stages (every stage is refilled); at 32760,
+# 65528, 16380 and 32760 float32 the last CTA's last chunk is short.
+STREAMED_CLUSTER_CASES = {torch.bfloat16: [(300, 32768), (300, 32760), (300, 65536)],
+                          torch.float16: [(300, 32760), (300, 40000), (300, 65528)],
+                          torch.float32: [(300, 16384), (300, 16380), (300, 32768), (300, 32760)]}
 
 
 @pytest.mark.parametrize("dtype", list(STREAMED_CLUSTER_CASES))

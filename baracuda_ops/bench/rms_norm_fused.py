@@ -30,8 +30,9 @@ def self_checks():
     # past the row; float64's rows: the CTA-per-row kernel), 1300 rows of 2560 the backward's streamed
     # rows of 16-bit inputs on an H200 (every stage refilled, each row's last chunk of vectors partial),
     # 2500 rows of 2048 those rows' CTAs folding dW in launch clusters, 300 rows of 32760 the
-    # backward's streamed cluster rows of 16-bit inputs (eight CTAs of 128 threads, the last CTA's
-    # last chunk one vector short; float32: the register cluster rows, 8 x 512), 33 rows of 200 the quant's decode rows.
+    # backward's streamed cluster rows (CTAs of 128 threads, eight of them a 16-bit row, sixteen a
+    # float32 one; the last CTA's last chunk short), 140 rows of 40000 in 16-bit those of ten CTAs a
+    # row (the last CTA's part of the row short), 33 rows of 200 the quant's decode rows.
     def forward(dtype, offset, m, n):
         def run(device):
             x, r = (torch.randn(m, n, device=device, dtype=dtype) for _ in range(2))
@@ -85,6 +86,8 @@ def self_checks():
         checks.append(SelfCheck("rms_norm_fused_backward (1300 x 2560)", dtype, backward(dtype, 2560, 1300)))
         checks.append(SelfCheck("rms_norm_fused_backward (2500 x 2048)", dtype, backward(dtype, 2048, 2500)))
         checks.append(SelfCheck("rms_norm_fused_backward (300 x 32760)", dtype, backward(dtype, 32760, 300)))
+        if dtype.itemsize == 2:
+            checks.append(SelfCheck("rms_norm_fused_backward (140 x 40000)", dtype, backward(dtype, 40000, 140)))
         checks.append(SelfCheck("rms_norm_quant", dtype, quant(dtype)))
     return checks
 

@@ -258,6 +258,16 @@ void allow_dynamic_smem(void (*kernel)(Args...), int64_t smem) {
   }
 }
 
+// Lets `kernel` launch in clusters of `cluster` CTAs: past the portable size (8) it must
+// opt in (DeviceFacts::max_cluster).
+constexpr int kPortableCluster = 8;
+template <typename... Args>
+void allow_cluster(void (*kernel)(Args...), int cluster) {
+  if (cluster > kPortableCluster) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+}
+
 // How a kernel is launched (cudaLaunchKernelEx): `grid` CTAs of `block` threads,
 // `smem` dynamic shared-memory bytes per CTA, thread-block clusters of `cluster`
 // CTAs along x (sm_90; 1 = no clusters), and `early`: a programmatic dependent
@@ -323,6 +333,7 @@ int64_t resident_groups(void (*kernel)(Args...), int block, int cluster, int64_t
   auto it = cache.find(key);
   if (it == cache.end()) {
     allow_dynamic_smem(kernel, smem);
+    allow_cluster(kernel, cluster);
     int n = 0;
     if (cluster == 1) {
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, static_cast<size_t>(smem)));
@@ -342,6 +353,7 @@ int64_t resident_groups(void (*kernel)(Args...), int block, int cluster, int64_t
 template <typename... KernelArgs, typename... Args>
 void launch(void (*kernel)(KernelArgs...), LaunchShape shape, Args... args) {
   allow_dynamic_smem(kernel, shape.smem);
+  allow_cluster(kernel, shape.cluster);
   shape.early = shape.early && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   const LaunchConfig launch(shape, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));

@@ -34,6 +34,9 @@ struct DeviceFacts {
   double dram_bytes_per_s = 0;       // read + write copy bandwidth class (0: unknown)
 
   bool clusters() const { return cc_major >= 9; }  // thread-block clusters and bulk copies (sm_90)
+  // CTAs a cluster may hold: sm_90 launches 16 where a kernel opts in past the portable 8
+  // (cuda::allow_cluster).
+  int max_cluster() const { return clusters() ? 16 : 1; }
 };
 
 // Recorded facts (cudaDeviceGetAttribute on each card; bandwidth: a measured

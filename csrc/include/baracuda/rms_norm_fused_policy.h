@@ -25,9 +25,9 @@
 //                  of shared memory ahead of their use;
 //   kStreamedClusterRows  backward cluster rows of a 16-bit or float32 input whose dy, h and
 //                  dres are of its dtype, one weight row, more rows than SMs, on H200-class
-//                  bandwidth (sm_90): CTAs of at most kStreamedClusterThreads × 4 vectors,
-//                  dy, h and dres staged 3 rows ahead, where kStreamedClusterCtas of them fit
-//                  an SM;
+//                  bandwidth (sm_90): clusters of up to 16 CTAs of at most
+//                  kStreamedClusterThreads × 4 vectors, dy, h and dres staged 3 rows
+//                  ahead, where kStreamedClusterCtas of them fit an SM;
 //   kCtaRows       everything else (rows not of whole vectors, the dW of a per-head
 //                  weight, rows too long for a cluster): a CTA a row, two passes.
 // Backward dW (deterministic, no atomics): each row group (CTA or cluster) writes a
@@ -233,14 +233,16 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
 // Streamed cluster rows: the register cluster rows wait at every row's cluster barrier with
 // their next loads not yet issued (0.70-0.85 of copy). Rows of an input (16-bit or
 // float32, dy, h and dres of its dtype, one weight row, more rows than SMs, H200-class
-// bandwidth) instead go over CTAs of at most kStreamedClusterThreads (the cluster doubled up
-// to kMaxCluster), 3 rows of their slices of dy, h and dres staged by bulk copies, rows
-// overlapped around the cluster barrier, where kStreamedClusterCtas such CTAs fit an SM's
-// shared memory: on an H200 0.84 of copy at [4096, 32768] bf16 (register: 0.73-0.77) and
-// 0.97 at [8192, 16384] float32 (0.85). With one CTA an SM (256 threads, 144 KB) it ran
-// 5-18% slower than the register kernel; with dres read from L2 instead of staged, 6-14%
-// slower at two CTAs an SM of 256 threads and 22-32% slower than staging it at 128; so rows
-// that need 256 threads (N = 65536 16-bit, 32768 float32) keep the register kernel.
+// bandwidth) instead go over the fewest CTAs (2 to the device's max_cluster: 16, past the
+// portable 8) of at most kStreamedClusterThreads, 3 rows of their slices of dy, h and dres
+// staged by bulk copies, rows overlapped around the cluster barrier, where
+// kStreamedClusterCtas such CTAs fit an SM's shared memory: on an H200 0.84 of copy at
+// [4096, 32768] bf16 (register: 0.73-0.77), 0.97 at [8192, 16384] float32 (0.85), and in
+// clusters of 16 0.78-0.79 at [2048, 65536] bf16 (0.68-0.70) and 0.90 at [4096, 32768]
+// float32 (0.81). With one CTA an SM (256 threads, 144 KB) it ran 5-18% slower than the
+// register kernel; with dres read from L2 instead of staged, 6-14% slower at two CTAs an SM
+// of 256 threads and 22-32% slower than staging it at 128; so rows that would need 256
+// threads (N = 65536 float32) keep the register kernel.
 inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const DeviceFacts& f) {
   using namespace fused;
   FusedLaunchConfig c;
@@ -269,10 +271,8 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
   if (c.kind == FusedKernel::kClusterRows && p.elem <= 4 && p.H == 1 && p.streams_in_dtype && p.M > f.num_sms &&
       f.dram_bytes_per_s >= rms::kStreamedRowsMinBandwidth) {
     const int64_t row_threads = ceil_div<int64_t>(nv, kStreamVpt);
-    int cluster = 2;
-    while (2 * cluster <= kMaxCluster && ceil_div<int64_t>(row_threads, cluster) > kStreamedClusterThreads) {
-      cluster *= 2;
-    }
+    const int cluster = static_cast<int>(
+        std::clamp<int64_t>(ceil_div<int64_t>(row_threads, kStreamedClusterThreads), 2, f.max_cluster()));
     const int threads = static_cast<int>(ceil_div<int64_t>(ceil_div<int64_t>(row_threads, cluster), 32) * 32);
     const int64_t smem = int64_t(rms::kStreamStages) * kStreams * kStreamVpt * threads * 16;
     if (kStreamedClusterCtas * (smem + kCtaSmemReserve) <= f.smem_per_sm) {
