@@ -149,11 +149,10 @@ struct StreamedRows {
   // Walks the rows overlapped around their sums: while row i's sum crosses the cluster
   // (published, not yet collected) the CTA computes partial(i + 1, rstd of row i + 1), row
   // i + 1's part of its sum, and after publishing that, finish(i, rstd of row i, row i's
-  // sum). rstd is loaded a row ahead of its use. A stage is refilled with the row
-  // kStages on either after finish (refill_after_finish: behind a CTA barrier of its own,
-  // so the refill has a whole row's time, cluster wait included, to land) or, for row
-  // i - 1, past the block sum's barrier of row i + 1, which every thread reaches after
-  // finishing row i - 1.
+  // sum). rstd is loaded a row ahead of its use. Row i's stage takes row i + kStages
+  // either right after finish(i) (refill_after_finish: behind a CTA barrier of its own, so
+  // the refill has a whole row's time, cluster wait included, to land) or, a row later,
+  // past the block-sum barrier of row i + 2, which every thread reaches after finish(i).
   template <typename Partial, typename Finish>
   __device__ __forceinline__ void walk_overlapped(const AccT* rstd, bool refill_after_finish, Partial&& partial,
                                                   Finish&& finish) const {
