@@ -136,13 +136,10 @@ CASES = [
     ("rms_norm", [1024, 1001], BF16, "cta_row", dict(vec_bytes=2, block=256), 0),
     ("rms_norm", [1024, 4096], BF16, "cta_row", dict(block=128, cluster=1, vpt=4, row_groups=1024), 0),
     ("rms_norm", [SMS + 1, 8192], F32, "cta_row", dict(block=512, cluster=1, vpt=4, stages=0), 0),
-    # 4096 vectors: a cluster of 2 at 512 threads, so 8 vectors a thread in one CTA. Rows shorter
-    # than 65536 stay in registers on an H200 too; longer ones: BANDWIDTH_CASES.
+    # 4096 vectors: a cluster of 2 at 512 threads, so 8 vectors a thread in one CTA, on an H200
+    # too; longer rows: BANDWIDTH_CASES.
     ("rms_norm", [1024, 16384], F32, "cta_row", dict(block=512, cluster=1, vpt=8, stages=0), 0),
     ("rms_norm", [4096, 32768], BF16, "cta_row", dict(block=512, cluster=1, vpt=8, stages=0), 0),
-    ("rms_norm", [4096, 32768], F32, "cluster_row", dict(block=512, cluster=2, vpt=8, stages=0), 0),
-    # Rows of 1024 threads x 8 vectors: a cluster of 4 (their streamed form needs 512-thread CTAs).
-    ("rms_norm", [512, 262144], BF16, "cluster_row", dict(block=1024, cluster=4, vpt=8, stages=0), 0),
     ("rms_norm", [4096, 8192], F64, "cluster_row", dict(block=512, cluster=2, vpt=4), 0),
     ("rms_norm", [64, 2**20], F32, "two_pass_row", dict(vec_bytes=16, block=512, cluster=1, row_groups=64), 0),
     # rms_norm decode rows (no more rows than SMs, a CTA each): at most 256 threads of 1, 2, 4
@@ -213,8 +210,8 @@ CASES = [
      dict(cluster=8, block=512, ctas_per_sm=1, stages=3, smem=3 * 2 * 4 * 512 * 16, row_groups=SMS // 8,
           dw_sum=DW_ORDERED), SMS // 8 * 131072 * 4),
     # rms_norm_fused (and rms_norm_quant): [M, N, H]. Rows of whole 16-byte vectors in registers,
-    # 4 vectors a thread up to 1024 threads, then 1024 x 8, then a cluster of 512 x 8 (float64: no
-    # clusters). Rows of 4 vectors a thread: a CTA per row group;
+    # 4 vectors a thread up to 1024 threads (longer rows, of 8 vectors a thread: BANDWIDTH_CASES;
+    # float64: 1024 x 8, no clusters). Rows of 4 vectors a thread: a CTA per row group;
     # of 8: a row group (CTA or cluster) per row group while the device holds them (by threads:
     # 2048 an SM), one wave. Decode rows (no more than SMS): 2 vectors a thread, 4 past 256
     # threads, the weight loaded with x. Rows not of whole vectors, or longer than registers hold:
@@ -226,14 +223,8 @@ CASES = [
      dict(threads=256, group=32, vpt=4, row_groups=131072 // 8, one_wave=0), 0),
     ("rms_norm_fused", [4096, 32768, 1], BF16, "register_rows",
      dict(threads=1024, vpt=4, row_groups=4096, one_wave=0), 0),
-    ("rms_norm_fused", [4096, 65536, 1], BF16, "register_rows",
-     dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1, prefetch_next=0), 0),
-    ("rms_norm_fused", [4096, 32768, 1], F32, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [4096, 16384, 1], F32, "register_rows",
      dict(threads=1024, vpt=4, row_groups=4096, one_wave=0), 0),
-    ("rms_norm_fused", [4096, 131072, 1], BF16, "cluster_rows",
-     dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS, one_wave=1), 0),
-    ("rms_norm_quant", [4096, 65536, 1], F32, "cluster_rows", dict(cluster=4, vpt=8, row_groups=SMS), 0),
     ("rms_norm_fused", [64, 8192, 1], F64, "register_rows", dict(threads=1024, vpt=4), 0),
     ("rms_norm_fused", [64, 16384, 1], F64, "register_rows", dict(threads=1024, vpt=8), 0),
     ("rms_norm_fused", [64, 32768, 1], F64, "cta_rows", dict(threads=1024, row_groups=64), 0),
@@ -247,7 +238,6 @@ CASES = [
     ("rms_norm_fused", [1, 16384, 1], BF16, "register_rows", dict(threads=512, vpt=4, row_groups=1), 0),
     ("rms_norm_quant", [1, 4096, 1], BF16, "decode_rows", dict(threads=512, vpt=1), 0),
     ("rms_norm_fused", [4096, 1001, 1], BF16, "cta_rows", dict(threads=256, group=0, row_groups=8 * SMS), 0),
-    ("rms_norm_fused", [64, 65536, 1], F32, "cluster_rows", dict(threads=512, cluster=4, row_groups=64), 0),
     # rms_norm_fused_backward: [M, N, H, grad_weight's element size, 0 without dW]. Register rows of
     # 2 vectors a thread (4 past 512 threads), 512 x 2 capped for two CTAs an SM; a wave of half the
     # CTAs the device holds by threads, a dW partial row each. Longer rows: a row a cluster of
@@ -300,23 +290,32 @@ def test_policy_picks(case, facts):
 # threads: 4 CTAs an SM) on an H200, where two or more of its CTAs fit an SM's shared memory; on an
 # H100 the register kernel keeps them.
 BANDWIDTH_CASES = [
-    # rms_norm forward rows of 65536 or more over 512-thread CTAs x 4 vectors, more rows than
-    # SMs: on an H200 streamed, 3 rows of the CTA's slice staged (96 KB: two CTAs an SM),
-    # one wave of row groups walking the rows; on an H100 the register kernel, whose cluster
-    # rows hold 8 vectors a thread in half the cluster (up to 16 waves, then grid-stride).
+    # rms_norm forward rows past 512 x 8 vectors: on an H200 row clusters, a row a cluster of
+    # the fewest CTAs of up to 256 threads x 8 vectors (2 to 16), a cluster a row (row_groups =
+    # M), whatever the rows; on an H100 the register kernel, whose cluster rows hold 8 vectors
+    # a thread in half the cluster (up to 16 waves, then grid-stride), past 8192 vectors
+    # 1024-thread CTAs.
     ("rms_norm", [2048, 65536], BF16,
-     {"h200": ("streamed_cluster_row", dict(block=512, cluster=4, vpt=4, stages=3, smem=3 * 4 * 512 * 16,
-                                            row_groups=SMS // 2)),
+     {"h200": ("row_clusters", dict(block=256, group=256, cluster=4, vpt=8, stages=0, smem=0, row_groups=2048)),
       "h100": ("cluster_row", dict(block=512, cluster=2, vpt=8, stages=0, smem=0, row_groups=2048))}),
     ("rms_norm", [1024, 65536], F32,
-     {"h200": ("streamed_cluster_row", dict(block=512, cluster=8, vpt=4, row_groups=SMS // 4)),
+     {"h200": ("row_clusters", dict(block=256, cluster=8, vpt=8, row_groups=1024)),
       "h100": ("cluster_row", dict(block=512, cluster=4, vpt=8))}),
+    ("rms_norm", [4096, 32768], F32,
+     {"h200": ("row_clusters", dict(block=256, cluster=4, vpt=8, row_groups=4096)),
+      "h100": ("cluster_row", dict(block=512, cluster=2, vpt=8, stages=0))}),
     ("rms_norm", [2**20, 65536], BF16,
-     {"h200": ("streamed_cluster_row", dict(row_groups=SMS // 2)),
+     {"h200": ("row_clusters", dict(row_groups=2**20)),
       "h100": ("cluster_row", dict(row_groups=16 * SMS))}),  # 16 waves, then grid-stride
-    # No more rows than SMs: a row or none a cluster, nothing to overlap; the register kernel.
     ("rms_norm", [SMS, 65536], BF16,
-     {"h200": ("cluster_row", dict(cluster=2, vpt=8, stages=0)), "h100": ("cluster_row", dict(cluster=2, vpt=8))}),
+     {"h200": ("row_clusters", dict(cluster=4, vpt=8, row_groups=SMS)),
+      "h100": ("cluster_row", dict(cluster=2, vpt=8))}),
+    ("rms_norm", [7, 130000], F16,  # 16250 vectors: eight CTAs of 256 x 8, the last one's part short
+     {"h200": ("row_clusters", dict(block=256, cluster=8, row_groups=7)),
+      "h100": ("cluster_row", dict(block=512, cluster=4, vpt=8))}),
+    ("rms_norm", [512, 262144], BF16,  # clusters of 16, past the portable 8
+     {"h200": ("row_clusters", dict(block=256, cluster=16, vpt=8, row_groups=512)),
+      "h100": ("cluster_row", dict(block=1024, cluster=4, vpt=8, stages=0))}),
     # Forward rows of one 512-thread CTA of 16-bit elements, more rows than SMs: on an H200
     # 256 threads of 8 vectors (four CTAs an SM, twice the bytes in flight); on an H100 512 x 4.
     # Float32 rows and few rows keep 512 x 4 (CASES).
@@ -468,6 +467,34 @@ BANDWIDTH_CASES = [
     ("rms_norm_fused_backward", [2048, 65536, 1, 4], F32,
      {"h200": ("cluster_rows", dict(threads=512, cluster=8, vpt=4)),
       "h100": ("cluster_rows", dict(threads=512, cluster=8, vpt=4))}),
+    # rms_norm_fused forward rows past 1024 x 4 vectors: on an H200 (an input of at most 4 bytes, its
+    # residual of its dtype) a row a cluster of 2 to 16 CTAs of up to 256 threads x 8 vectors, a cluster
+    # per row (row_groups = M); on an H100 (or with a float32 residual on a 16-bit input) 1024 x 8
+    # register rows, then clusters of 512 x 8 (one wave of row groups by threads).
+    ("rms_norm_fused", [4096, 65536, 1], BF16,
+     {"h200": ("row_clusters", dict(threads=256, group=256, cluster=4, vpt=8, row_groups=4096, one_wave=0)),
+      "h100": ("register_rows", dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1, prefetch_next=0))}),
+    ("rms_norm_fused", [4096, 65536, 1, 0], BF16,  # a float32 residual
+     {"h200": ("register_rows", dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1)),
+      "h100": ("register_rows", dict(threads=1024, vpt=8, row_groups=2 * SMS, one_wave=1))}),
+    ("rms_norm_fused", [4096, 32768, 1], F32,
+     {"h200": ("row_clusters", dict(threads=256, cluster=4, vpt=8, row_groups=4096)),
+      "h100": ("register_rows", dict(threads=1024, vpt=8))}),
+    ("rms_norm_fused", [300, 40000, 1], F16,  # 625 threads a row: 3 CTAs of 224
+     {"h200": ("row_clusters", dict(threads=224, cluster=3, vpt=8, row_groups=300)),
+      "h100": ("register_rows", dict(threads=1024, vpt=8))}),
+    ("rms_norm_fused", [4096, 131072, 1], BF16,
+     {"h200": ("row_clusters", dict(threads=256, cluster=8, vpt=8, row_groups=4096)),
+      "h100": ("cluster_rows", dict(threads=512, group=512, cluster=4, vpt=8, row_groups=SMS, one_wave=1))}),
+    ("rms_norm_fused", [8, 262144, 1], BF16,  # clusters of 16, past the portable 8
+     {"h200": ("row_clusters", dict(threads=256, cluster=16, vpt=8, row_groups=8)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=8, vpt=8, row_groups=8))}),
+    ("rms_norm_fused", [64, 65536, 1], F32,
+     {"h200": ("row_clusters", dict(threads=256, cluster=8, row_groups=64)),
+      "h100": ("cluster_rows", dict(threads=512, cluster=4, row_groups=64))}),
+    ("rms_norm_quant", [4096, 65536, 1], F32,
+     {"h200": ("row_clusters", dict(cluster=8, vpt=8, row_groups=4096)),
+      "h100": ("cluster_rows", dict(cluster=4, vpt=8, row_groups=SMS))}),
     ("rms_norm_fused_backward", [4096, 32768, 1, 2, 0], BF16,  # grad_out or h not bfloat16: register rows
      {"h200": ("cluster_rows", dict(threads=512, cluster=4, vpt=2)),
       "h100": ("cluster_rows", dict(threads=512, cluster=4, vpt=2))}),
@@ -537,14 +564,14 @@ def test_every_kind_is_reached():
         ("fractional_max_pool2d_backward", "tile_stores"), ("fractional_max_pool3d_backward", "tile_counts"),
         ("fractional_max_pool3d_backward", "owned_boxes"),
         ("rms_norm", "empty"), ("rms_norm", "warp_rows"), ("rms_norm", "cta_row"), ("rms_norm", "cluster_row"),
-        ("rms_norm", "decode_row"), ("rms_norm", "two_pass_row"), ("rms_norm", "streamed_cluster_row"),
+        ("rms_norm", "decode_row"), ("rms_norm", "two_pass_row"), ("rms_norm", "row_clusters"),
         ("rms_norm_backward", "empty"), ("rms_norm_backward", "warp_rows"), ("rms_norm_backward", "cta_row"),
         ("rms_norm_backward", "cluster_row"), ("rms_norm_backward", "streamed_row"),
         ("rms_norm_backward", "streamed_cluster_row"),
         ("rms_norm_backward", "decode_row"), ("rms_norm_backward", "two_pass_row"),
         ("rms_norm_fused", "empty"), ("rms_norm_fused", "register_rows"), ("rms_norm_fused", "decode_rows"),
-        ("rms_norm_fused", "cta_rows"), ("rms_norm_fused", "cluster_rows"), ("rms_norm_quant", "decode_rows"),
-        ("rms_norm_quant", "cluster_rows"),
+        ("rms_norm_fused", "cta_rows"), ("rms_norm_fused", "cluster_rows"), ("rms_norm_fused", "row_clusters"),
+        ("rms_norm_quant", "decode_rows"), ("rms_norm_quant", "cluster_rows"), ("rms_norm_quant", "row_clusters"),
         ("rms_norm_fused_backward", "empty"), ("rms_norm_fused_backward", "register_rows"),
         ("rms_norm_fused_backward", "cluster_rows"), ("rms_norm_fused_backward", "cta_rows"),
         ("rms_norm_fused_backward", "streamed_rows"), ("rms_norm_fused_backward", "streamed_cluster_rows"),

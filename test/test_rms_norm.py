@@ -226,17 +226,17 @@ def test_backward_rows_with_next_row_prefetched(device, dtype, wdt, n):
                                                  (torch.bfloat16, torch.float32, 65536, 4),
                                                  (torch.float16, None, 65536, 4),
                                                  (torch.float32, torch.float32, 65536, 8),
+                                                 (torch.float32, None, 32768, 4),
                                                  (torch.float16, torch.float32, 130000, 8)])
 @pytest.mark.parametrize("m", [133, 1000])
-def test_forward_rows_streamed(device, dtype, wdt, n, cluster, m):
-    # Forward rows of 65536 or more over clusters of 512-thread CTAs take the streamed kernel
-    # on an H200: rows staged three ahead, clusters of a few rows (m = 133) or of many (m =
-    # 1000: the stages reused), the last CTA's last chunk partly past the row (n = 130000:
-    # 16250 vectors over eight CTAs of 512 threads x 4).
+def test_forward_row_clusters(device, dtype, wdt, n, cluster, m):
+    # Forward rows past 512 x 8 vectors take row clusters on an H200: a row a cluster of CTAs of
+    # up to 256 threads x 8 vectors, a cluster a row, few rows (m = 133) or many (m = 1000), the
+    # last CTA's part of the row short (n = 130000: 16250 vectors over eight CTAs of 256 x 8).
     if device.type != "cuda":
-        pytest.skip("the streamed kernel: CUDA only (the CPU path is covered by the row sweep)")
+        pytest.skip("row clusters: CUDA only (the CPU path is covered by the row sweep)")
     config = rms_config(m, n, dtype)
-    assert (config.kind, config["cluster"]) == ("streamed_cluster_row", cluster)
+    assert (config.kind, config["cluster"], config["block"]) == ("row_clusters", cluster, 256)
     x = random((m, n), dtype, device)
     w = random((n,), wdt, device) if wdt is not None else None
     y, rstd = torch.ops.baracuda.rms_norm(x, [n], w, None)

@@ -170,7 +170,8 @@ def test_backward_matches_float64_autograd(device, dtype, casting):
 
 # Rows past the short CASES (on CUDA: a row split over a whole warp, a CTA, the longest rows held in
 # registers, cluster rows: in the backward 2 to 8 CTAs a row, 5 at 40000 (a cluster whose last CTA holds
-# part of a row), in the float32 forward at 40000 and 65536; and more rows than the grid holds at once
+# part of a row), in the float32 forward at 40000 and 65536, on an H200 the forward's row clusters past
+# 1024 x 4 vectors, 3 CTAs of 224 threads at 40000 16-bit; and more rows than the grid holds at once
 # (at 8192: the 16-bit backward's 512 x 2 rows, registers capped for two CTAs per SM; at 16384 its
 # 512 x 4 rows, which on an H200 fetch their next row into L2 in 16-bit; at 32768, cluster rows
 # visiting several rows).
@@ -189,6 +190,21 @@ def test_long_and_many_rows_match_float64(device, dtype, casting):
         torch.testing.assert_close(h, want_h, rtol=0, atol=0)
         assert_close(y, want_y, dtype=dtype, scale=2)
         _check_backward(shape, ns, ns, dtype, dtype, dtype, casting, device)
+
+
+@pytest.mark.parametrize("residual_dtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(3, 40000), (130, 65536)])
+def test_long_rows_of_each_residual_match_float64(device, residual_dtype, shape):
+    # On an H200 bfloat16 rows past 1024 x 4 vectors go a row a cluster without a residual or with
+    # one of the input's dtype, and stay in registers (1024 x 8) with a float32 residual.
+    ns = shape[1:]
+    x, w = random(shape, torch.bfloat16, device), random(ns, torch.bfloat16, device)
+    r = None if residual_dtype is None else random(shape, residual_dtype, device)
+    y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, list(ns), w, None, 0.0, "torch")
+    want_y, want_h = _reference(x, r, ns, w, None)
+    if r is not None:
+        torch.testing.assert_close(h, want_h, rtol=0, atol=0)
+    assert_close(y, want_y, dtype=torch.bfloat16, scale=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
@@ -289,6 +305,23 @@ def test_backward_variant_is_the_launch_config(n):
     desc = baracuda_ops.RMSNormFusedBackwardDescriptor((4096, n), (n,), torch.bfloat16, weight_dtype=torch.bfloat16,
                                                        device=device)
     variant = baracuda_ops.RMSNormFusedBackwardPlan.select(desc).sku().variant
+    assert variant.split(",row_groups=")[0] == want.describe().split(",row_groups=")[0]
+
+
+@pytest.mark.parametrize("n", [16384, 32768, 40000, 65536])
+@pytest.mark.parametrize("residual_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.skipif(not CUDA_OK, reason="the row kernels are CUDA's")
+def test_forward_variant_is_the_launch_config(n, residual_dtype):
+    # The Plan's variant is the policy's config on this device, the residual's dtype included
+    # (row clusters on an H200 for rows past 1024 x 4 vectors with a residual of the input's dtype).
+    device = torch.device("cuda")
+    if not device_has_recorded_facts(device):
+        pytest.skip("the recorded facts are an H100's and an H200's")
+    in_dtype = int(residual_dtype == torch.bfloat16)
+    want = launch_config("rms_norm_fused", [2048, n, 1, in_dtype], torch.bfloat16, recorded_facts_name(device))
+    desc = baracuda_ops.RMSNormFusedDescriptor((2048, n), (n,), torch.bfloat16, residual_dtype=residual_dtype,
+                                               device=device)
+    variant = baracuda_ops.RMSNormFusedPlan.select(desc).sku().variant
     assert variant.split(",row_groups=")[0] == want.describe().split(",row_groups=")[0]
 
 

@@ -62,14 +62,14 @@ def self_checks():
                 torch.testing.assert_close(g.double(), e, rtol=t, atol=t)
         return run
 
-    def quant(dtype):  # static and dynamic scales: the float8 bits of (y / scale).clamp(+-448)
+    def quant(dtype, m=33, n=200):  # static and dynamic scales: the float8 bits of (y / scale).clamp(+-448)
         def run(device):
-            x, r = (torch.randn(33, 200, device=device, dtype=dtype) for _ in range(2))
-            w = torch.randn(200, device=device, dtype=dtype)
-            y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, [200], w, _EPS, 0.0, "torch")
+            x, r = (torch.randn(m, n, device=device, dtype=dtype) for _ in range(2))
+            w = torch.randn(n, device=device, dtype=dtype)
+            y, h, _ = torch.ops.baracuda.rms_norm_fused(x, r, [n], w, _EPS, 0.0, "torch")
             static = torch.tensor([0.05], device=device)
             for scale in (static, None):
-                q, h_q, scale_out = torch.ops.baracuda.rms_norm_quant(x, r, [200], w, _EPS, 0.0, "torch", scale)
+                q, h_q, scale_out = torch.ops.baracuda.rms_norm_quant(x, r, [n], w, _EPS, 0.0, "torch", scale)
                 s = static if scale is not None else scale_out.view(-1, 1)
                 expected = (y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)
                 torch.testing.assert_close(h_q, h)
@@ -81,6 +81,7 @@ def self_checks():
         checks.append(SelfCheck("rms_norm_fused", dtype, forward(dtype, 0.0, 37, 257)))
         checks.append(SelfCheck("rms_norm_fused (weight_offset=1)", dtype, forward(dtype, 1.0, 37, 257)))
         checks.append(SelfCheck("rms_norm_fused (5 x 4096)", dtype, forward(dtype, 1.0, 5, 4096)))
+        checks.append(SelfCheck("rms_norm_fused (9 x 40000)", dtype, forward(dtype, 1.0, 9, 40000)))
         checks.append(SelfCheck("rms_norm_fused_backward", dtype, backward(dtype, 130)))
         checks.append(SelfCheck("rms_norm_fused_backward (19 x 32776)", dtype, backward(dtype, 32776)))
         checks.append(SelfCheck("rms_norm_fused_backward (1300 x 2560)", dtype, backward(dtype, 2560, 1300)))
@@ -89,6 +90,7 @@ def self_checks():
         if dtype.itemsize == 2:
             checks.append(SelfCheck("rms_norm_fused_backward (140 x 40000)", dtype, backward(dtype, 40000, 140)))
         checks.append(SelfCheck("rms_norm_quant", dtype, quant(dtype)))
+        checks.append(SelfCheck("rms_norm_quant (9 x 40000)", dtype, quant(dtype, 9, 40000)))
     return checks
 
 

@@ -423,9 +423,10 @@ def _rms_norm_fused_backward_vmap(info, in_dims, grad_out, grad_residual_out, h,
 
 # --------------------------------------------------------------------------- Plan API
 #
-# problem encoding (for the kernel choice): forward [M, N, H], backward [M, N, H, grad_weight's
-# element size, 0 when it computes no grad_weight; 1 when grad_out and h are of the input's dtype,
-# else 0]: M rows of N = prod(normalized_shape), H weight rows (1 unless the weight is per head).
+# problem encoding (for the kernel choice): forward [M, N, H, 1 when the residual (if any) is of
+# the input's dtype, else 0], backward [M, N, H, grad_weight's element size, 0 when it computes no
+# grad_weight; 1 when grad_out and h are of the input's dtype, else 0]: M rows of N =
+# prod(normalized_shape), H weight rows (1 unless the weight is per head).
 
 
 def _problem(op: str, input_shape: Sequence[int], normalized_shape: Sequence[int],
@@ -497,6 +498,10 @@ def _select_problem(op: str, d) -> list[int]:
     return [m, n, heads]
 
 
+def _forward_problem(op: str, d) -> list[int]:
+    return _select_problem(op, d) + [int(d.residual_dtype in (None, d.dtype))]
+
+
 @dataclass
 class RMSNormFusedArgs:
     input: torch.Tensor
@@ -515,7 +520,7 @@ class RMSNormFusedPlan(Plan):
 
     @classmethod
     def select(cls, desc: RMSNormFusedDescriptor, pref: PlanPreference = PlanPreference()) -> "RMSNormFusedPlan":
-        return cls(desc, pref, _select_problem(cls.op, desc))
+        return cls(desc, pref, _forward_problem(cls.op, desc))
 
     def _check_optional(self, name: str, t: torch.Tensor | None, shape, dtype: torch.dtype | None) -> None:
         """A tensor the descriptor has exactly when ``dtype`` is not None."""
@@ -579,7 +584,7 @@ class RMSNormQuantPlan(RMSNormFusedPlan):
 
     @classmethod
     def select(cls, desc: RMSNormQuantDescriptor, pref: PlanPreference = PlanPreference()) -> "RMSNormQuantPlan":
-        return cls(desc, pref, _select_problem(cls.op, desc))
+        return cls(desc, pref, _forward_problem(cls.op, desc))
 
     def can_implement(self, args: RMSNormQuantArgs) -> None:
         d = self.desc

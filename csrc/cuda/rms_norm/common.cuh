@@ -16,9 +16,9 @@
 //     and kept as loaded (RawWeight) until used;
 //   - the backward of a single row too long for that: Vpt = 1 over a cluster of 8;
 //   - forward rows that need a cluster: Vpt = 2 * kVpt, half the cluster;
-//   - forward rows of 65536 or more over clusters of 512-thread CTAs on
-//     H200-class devices: staged in shared memory by bulk copies, rows overlapped
-//     (rms_norm_fwd_streamed_kernel; baracuda/streamed_rows.cuh).
+//   - forward rows past 512 × 8 vectors on H200-class devices: row clusters, a row a
+//     cluster of CTAs of up to 256 threads × 8 vectors and a cluster a row, the sums
+//     pushed between the CTAs (ClusterPushFold).
 // Backward rows that need a cluster run two CTAs per SM (64 registers) and add
 // their dW sums while they wait at the row's cluster barrier; those of a half input
 // (H200-class devices, more rows than SMs; elsewhere with a float32 weight) instead

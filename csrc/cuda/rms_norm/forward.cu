@@ -1,10 +1,9 @@
-// rms_norm forward, CUDA: the register-row and decode kernels and the launcher
-// (kinds and their choice: baracuda/rms_norm_policy.h; the streamed kernel:
-// forward_streamed.cuh; the two-pass kernel: two_pass.cuh).
+// rms_norm forward, CUDA: the register-row (and row-cluster) and decode kernels and the
+// launcher (kinds and their choice: baracuda/rms_norm_policy.h; the two-pass kernel:
+// two_pass.cuh).
 // Bytes: M*N*e read + M*N*e written + M*a written (+ w, cached).
 #include "common.cuh"
 #include "decode.cuh"
-#include "forward_streamed.cuh"
 #include "two_pass.cuh"
 
 namespace baracuda {
@@ -21,12 +20,18 @@ namespace {
 // the hints only slow the stores, so they are off there.
 // stage_w: the thread's w vectors in shared memory (staged_weight).
 
-template <typename T, typename W, typename AccT, int V, int Vpt>
-__global__ void __launch_bounds__(kMaxThreads)
+// kRowClusters: a row a cluster and a cluster a row (not persistent: clusters that finish
+// make room for new ones, whose loads overlap the others' sums and stores), the cluster's
+// sums pushed (ClusterPushFold): no cluster barrier a row, nor before a CTA exits, but the
+// one that publishes the fold barrier, passed after the loads are issued.
+template <typename T, typename W, typename AccT, int V, int Vpt, bool kRowClusters = false>
+__global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxThreads, kRowClusters ? 4 : 1)
     rms_norm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                         AccT* __restrict__ rstd, int64_t M, int N, int group, int cluster, AccT eps, bool stage_w) {
   __shared__ cuda::BlockSumScratch<AccT> scratch;
-  __shared__ AccT slots[2];
+  __shared__ AccT slots[kRowClusters ? rms::kMaxRowCluster : 2];  // by row parity; row clusters: by rank
+  __shared__ uint64_t fold_bar;
+  const ClusterPushFold<AccT> fold{slots, &fold_bar, cluster};
   extern __shared__ __align__(16) unsigned char rms_smem[];
   const RowLayout L(group, cluster);
   const int nv = N / V;
@@ -46,7 +51,16 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
     const auto x_at = [&](int j, int i) { return cuda::raw_elem<AccT, T, V>(xv[j], i); };
-    const AccT ss = row_sum(sum_of_squares<AccT, T, V>(xv), group, cluster, scratch, slots, parity, [] {});
+    AccT ss;
+    if constexpr (kRowClusters) {
+      if (threadIdx.x == 0) fold.init();
+      ClusterPushFold<AccT>::announce();
+      ss = cuda::block_sum_once(sum_of_squares<AccT, T, V>(xv), scratch);
+      cuda::cluster_wait();  // the cluster's fold barriers are initialized
+      ss = fold.fold(ss, AccT(0), [](AccT a, AccT b) { return a + b; });
+    } else {
+      ss = row_sum(sum_of_squares<AccT, T, V>(xv), group, cluster, scratch, slots, parity, [] {});
+    }
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + eps);
     if (live && L.u == 0) rstd[row] = r;
 #pragma unroll
@@ -66,7 +80,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
   }
-  if (cluster > 1) cluster_sync();  // no CTA leaves while another still reads its slots
+  if (!kRowClusters && cluster > 1) cluster_sync();  // no CTA leaves while another still reads its slots
 }
 
 // ---------------------------------------------------------------------------
@@ -139,14 +153,14 @@ void with_fwd_decode_kernel(const RmsLaunchConfig& c, Fn&& fn) {
   TORCH_CHECK(false, "rms_norm: no decode kernel for ", c.vpt, " vectors of ", V, " per thread");
 }
 
-// Calls fn(kernel) with the streamed forward kernel (instantiated for 16-byte vectors of
+// Calls fn(kernel) with the row-cluster forward kernel (instantiated for 16-byte vectors of
 // 2- or 4-byte elements, as the policy picks it).
 template <typename T, typename W, typename AccT, int V, typename Fn>
-void with_fwd_streamed_kernel(Fn&& fn) {
+void with_fwd_row_cluster_kernel(Fn&& fn) {
   if constexpr (V * sizeof(T) == 16 && sizeof(T) <= 4) {
-    fn(rms_norm_fwd_streamed_kernel<T, W, AccT, V>);
+    fn(rms_norm_fwd_kernel<T, W, AccT, V, rms::kRowClusterVpt, true>);
   } else {
-    TORCH_CHECK(false, "rms_norm: no streamed kernel for vectors of ", V * sizeof(T), " bytes");
+    TORCH_CHECK(false, "rms_norm: no row-cluster kernel for vectors of ", V * sizeof(T), " bytes");
   }
 }
 
@@ -154,7 +168,6 @@ void with_fwd_streamed_kernel(Fn&& fn) {
 int64_t forward_resident_row_groups(const RmsLaunchConfig& c, c10::ScalarType dtype) {
   return min_resident_row_groups(c, dtype, [&]<typename T, typename W, typename AccT, int V>(auto&& fn) {
     if (c.two_pass()) return fn(rms_norm_fwd_looped_kernel<T, W, AccT, V>);
-    if (c.stages > 0) return with_fwd_streamed_kernel<T, W, AccT, V>(fn);
     with_fwd_kernel<T, W, AccT, V>(c, fn);
   });
 }
@@ -202,12 +215,13 @@ void rms_norm_out_cuda(const at::Tensor& input, at::IntArrayRef normalized_shape
             cuda::launch(kernel, {.grid = dim3(c.clusters), .block = dim3(c.block)}, xp, wp, yp, rp,
                          static_cast<int>(rows.N), static_cast<acc_t>(e), inverse_row_length<acc_t>(rows.N));
           });
-        } else if (c.stages > 0) {
-          with_fwd_streamed_kernel<scalar_t, W, acc_t, V>([&](auto kernel) {
-            cuda::launch(kernel,
-                         {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster,
-                          .smem = c.smem},
-                         xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.cluster, static_cast<acc_t>(e));
+        } else if (c.kind == RmsKernel::kRowClusters) {
+          TORCH_INTERNAL_ASSERT(c.clusters * c.cluster <= std::numeric_limits<int>::max(),
+                                "rms_norm: row clusters past 2^31 CTAs");
+          with_fwd_row_cluster_kernel<scalar_t, W, acc_t, V>([&](auto kernel) {
+            cuda::launch(kernel, {.grid = dim3(c.clusters * c.cluster), .block = dim3(c.block), .cluster = c.cluster},
+                         xp, wp, yp, rp, rows.M, static_cast<int>(rows.N), c.group, c.cluster, static_cast<acc_t>(e),
+                         false);
           });
         } else {
           with_fwd_kernel<scalar_t, W, acc_t, V>(c, [&](auto* kernel) {

@@ -99,31 +99,124 @@ struct FusedForwardArgs {
   bool llama;
 };
 
+// h = R(x + r) of one vector, stored at h_out; without a residual (R == T) h = x.
+template <typename T, typename R, typename AccT, int V>
+__device__ __forceinline__ cuda::RawVec<R, V> residual_sum(const cuda::RawVec<T, V>& xv, const cuda::RawVec<R, V>& rv,
+                                                           bool has_res, R* h_out) {
+  cuda::RawVec<R, V> hv{};
+  if (!has_res) {
+    if constexpr (std::is_same_v<R, T>) hv = xv;
+    return hv;
+  }
+  AccT h[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    h[i] = static_cast<AccT>(static_cast<R>(cuda::raw_elem<AccT, T, V>(xv, i) + cuda::raw_elem<AccT, R, V>(rv, i)));
+  }
+  store_row_slice<R, V>(h_out, h);
+  return raw_of<R, V>(h);
+}
+
+// The outputs of a row whose h this thread holds (hv[j]: vector q = j * row_threads + u of
+// the row, those past nv ignored) and whose rstd is r: y and rstd, or (kQuant) the row's
+// scale (a static one, or reduce_max(max |y| of the thread) for the row's, written) and q.
+template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT, int V, int Vpt,
+          typename RowMax>
+__device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R, W, OutT, AccT>& a, int64_t row,
+                                                    bool live, int row_threads, int u,
+                                                    const cuda::RawVec<R, V> (&hv)[Vpt], AccT r,
+                                                    RowMax&& reduce_max) {
+  const int64_t N = a.s.N;
+  const int nv = static_cast<int>(N / V);
+  const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
+  // wo = w + offset of this thread's vector j (column q).
+  const auto weight_of = [&](int q, AccT(&wo)[V]) {
+    load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
+  };
+  // y for vector j (element i) of this thread, as OutT rounds it.
+  const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
+    return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
+  };
+  if constexpr (!kQuant) {
+    if (live && u == 0) a.rstd[row] = r;
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * row_threads + u;
+      if (!live || q >= nv) continue;
+      AccT wo[V], y[V];
+      weight_of(q, wo);
+#pragma unroll
+      for (int i = 0; i < V; ++i) y[i] = static_cast<AccT>(y_at(j, wo, i));
+      store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
+    }
+  } else {
+    float scale;
+    if (a.static_scale != nullptr) {
+      scale = *a.static_scale;
+    } else {
+      AccT amax = 0;
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) {
+        const int q = j * row_threads + u;
+        if (!live || q >= nv) continue;
+        AccT wo[V];
+        weight_of(q, wo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
+      }
+      scale = fp8_row_scale(reduce_max(amax));
+      if (live && u == 0) a.row_scale[row] = scale;
+    }
+#pragma unroll
+    for (int j = 0; j < Vpt; ++j) {
+      const int q = j * row_threads + u;
+      if (!live || q >= nv) continue;
+      AccT wo[V];
+      weight_of(q, wo);
+      cuda::Vec<c10::Float8_e4m3fn, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
+      cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
+    }
+  }
+}
+
 // Forward (kQuant: rms_norm_quant) of rows in registers (register rows, and cluster rows: a
 // row over `cluster` CTAs); see common.cuh. kClusterRows: `cluster` is read (else 1, and the
-// kernel is the one-CTA rows' alone, which takes fewer registers).
-template <bool kQuant, bool kClusterRows, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt>
-__global__ void __launch_bounds__(kMaxThreads)
+// kernel is the one-CTA rows' alone, which takes fewer registers). kRowClusters (with
+// kClusterRows): a cluster a row and a row a cluster (not persistent: clusters that finish
+// make room for new ones, whose loads overlap the others' sums and stores), every load of
+// the row first, and the cluster's sums (and maxima) pushed (ClusterPushFold): no cluster
+// barrier a row, nor before a CTA exits, but the one that publishes the fold barriers,
+// passed after the loads are issued.
+template <bool kQuant, bool kClusterRows, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt,
+          bool kRowClusters = false>
+__global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxThreads, kRowClusters ? 2 : 1)
     fused_rows_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group, int cluster_arg) {
+  static_assert(kClusterRows || !kRowClusters);
   constexpr int V = 16 / sizeof(T);
   const int cluster = kClusterRows ? cluster_arg : 1;
   __shared__ cuda::BlockSumScratch<AccT> scratch;
-  __shared__ AccT sum_slots[2], max_slots[2];  // cluster rows: the CTA's sum and max of a row, by row parity
+  // Cluster rows: the CTA's sum and max of a row, by row parity; row clusters: the CTAs'
+  // sums and maxima, by rank, and their fold barriers.
+  __shared__ AccT sum_slots[kRowClusters ? rms::kMaxRowCluster : 2], max_slots[kRowClusters ? rms::kMaxRowCluster : 2];
+  __shared__ uint64_t fold_bars[2];
+  const ClusterPushFold<AccT> sum_fold{sum_slots, &fold_bars[0], cluster}, max_fold{max_slots, &fold_bars[1], cluster};
   const RowLayout L(group, cluster);
   const int64_t N = a.s.N;
   const int nv = static_cast<int>(N / V);
+  const bool has_res = a.res != nullptr;
   int parity = 0;
   for (int64_t first = L.first; first < a.s.M; first += L.step, parity ^= 1) {
     const int64_t row = first + L.g;
     const bool live = row < a.s.M;
-    const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
     cuda::RawVec<R, V> hv[Vpt] = {};
-    // Rows of 4 vectors a thread: every load of the row's x and r is issued before any is
-    // used, since the h stores below may alias x and r for the compiler, which would keep
-    // each vector's loads after the previous vector's store (one round trip to memory a
-    // vector, not one a row). Rows of 8 vectors load vector by vector: x and r of all 8 at
-    // once spill at 64 registers.
-    constexpr bool kLoadsFirst = Vpt <= 4;
+    // Rows of 4 vectors a thread (and row clusters, whose threads have the registers):
+    // every load of the row's x and r is issued before any is used, since the h stores
+    // below may alias x and r for the compiler, which would keep each vector's loads after
+    // the previous vector's store (one round trip to memory a vector, not one a row). Other
+    // rows of 8 vectors load vector by vector: x and r of all 8 at once spill at 64 registers.
+    constexpr bool kLoadsFirst = Vpt <= 4 || kRowClusters;
     cuda::RawVec<T, V> xs[kLoadsFirst ? Vpt : 1] = {};
     cuda::RawVec<R, V> rs[kLoadsFirst ? Vpt : 1] = {};
     if constexpr (kLoadsFirst) {
@@ -133,8 +226,15 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (!live || q >= nv) continue;
         const int64_t at = row * N + int64_t(q) * V;
         xs[j] = cuda::load_raw<T, V>(a.x + at);
-        if (a.res != nullptr) rs[j] = load_row_raw<R, V>(a.res + at);
+        if (has_res) rs[j] = load_row_raw<R, V>(a.res + at);
       }
+    }
+    if constexpr (kRowClusters) {
+      if (threadIdx.x == 0) {
+        sum_fold.init();
+        if constexpr (kQuant) max_fold.init();
+      }
+      ClusterPushFold<AccT>::announce();
     }
 #pragma unroll
     for (int j = 0; j < Vpt; ++j) {
@@ -142,84 +242,35 @@ __global__ void __launch_bounds__(kMaxThreads)
       if (!live || q >= nv) continue;
       const int64_t at = row * N + int64_t(q) * V;
       cuda::RawVec<T, V> xv;
+      cuda::RawVec<R, V> rv{};
       if constexpr (kLoadsFirst) {
         xv = xs[j];
+        rv = rs[j];
       } else {
         xv = cuda::load_raw<T, V>(a.x + at);
+        if (has_res) rv = load_row_raw<R, V>(a.res + at);
       }
-      if (a.res == nullptr) {
-        if constexpr (std::is_same_v<R, T>) hv[j] = xv;
-      } else {
-        cuda::RawVec<R, V> rv;
-        if constexpr (kLoadsFirst) {
-          rv = rs[j];
-        } else {
-          rv = load_row_raw<R, V>(a.res + at);
-        }
-        AccT h[V];
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          h[i] = static_cast<AccT>(static_cast<R>(cuda::raw_elem<AccT, T, V>(xv, i) +
-                                                  cuda::raw_elem<AccT, R, V>(rv, i)));
-        }
-        store_row_slice<R, V>(a.h_out + at, h);
-        hv[j] = raw_of<R, V>(h);
-      }
+      hv[j] = residual_sum<T, R, AccT, V>(xv, rv, has_res, a.h_out + at);
     }
-    const AccT ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
-    const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
-    // wo = w + offset of this thread's vector j (column q).
-    const auto weight_of = [&](int q, AccT(&wo)[V]) {
-      load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
-    };
-    // y for vector j (element i) of this thread, as OutT rounds it.
-    const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
-      return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
-    };
-    if constexpr (!kQuant) {
-      if (live && L.u == 0) a.rstd[row] = r;
-#pragma unroll
-      for (int j = 0; j < Vpt; ++j) {
-        const int q = j * L.row_threads + L.u;
-        if (!live || q >= nv) continue;
-        AccT wo[V], y[V];
-        weight_of(q, wo);
-#pragma unroll
-        for (int i = 0; i < V; ++i) y[i] = static_cast<AccT>(y_at(j, wo, i));
-        store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
-      }
+    AccT ss;
+    if constexpr (kRowClusters) {
+      ss = cuda::block_sum_once(sum_of_squares<AccT, R, V>(hv), scratch);
+      cuda::cluster_wait();  // the cluster's fold barriers are initialized
+      ss = sum_fold.fold(ss, AccT(0), [](AccT x, AccT y) { return x + y; });
     } else {
-      float scale;
-      if (a.static_scale != nullptr) {
-        scale = *a.static_scale;
-      } else {
-        AccT amax = 0;
-#pragma unroll
-        for (int j = 0; j < Vpt; ++j) {
-          const int q = j * L.row_threads + L.u;
-          if (!live || q >= nv) continue;
-          AccT wo[V];
-          weight_of(q, wo);
-#pragma unroll
-          for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
-        }
-        scale = fp8_row_scale(row_max(amax, group, cluster, scratch, max_slots, parity));
-        if (live && L.u == 0) a.row_scale[row] = scale;
-      }
-#pragma unroll
-      for (int j = 0; j < Vpt; ++j) {
-        const int q = j * L.row_threads + L.u;
-        if (!live || q >= nv) continue;
-        AccT wo[V];
-        weight_of(q, wo);
-        cuda::Vec<c10::Float8_e4m3fn, V> out;
-#pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
-        cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
-      }
+      ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
     }
+    const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
+    store_fused_outputs<kQuant, T, R, W, OutT, AccT, V, Vpt>(a, row, live, L.row_threads, L.u, hv, r, [&](AccT amax) {
+      if constexpr (kRowClusters) {
+        __syncthreads();  // every thread has read the scratch's sum
+        return max_fold.fold(block_max(amax, scratch), AccT(0), [](AccT x, AccT y) { return fp8_amax(x, y); });
+      } else {
+        return row_max(amax, group, cluster, scratch, max_slots, parity);
+      }
+    });
   }
-  if (cluster > 1) cluster_sync();  // no CTA leaves while another may still read its slots
+  if (!kRowClusters && cluster > 1) cluster_sync();  // no CTA leaves while another may still read its slots
 }
 
 // Forward (kQuant: rms_norm_quant) of decode rows: a CTA holds one row group (the launch has
@@ -387,6 +438,18 @@ void launch_rows_forward(const FusedLaunchConfig& c, const FusedForwardArgs<T, R
                  AccT(1) / static_cast<AccT>(a.s.N));
     return;
   }
+  if (c.kind == FusedKernel::kRowClusters) {
+    // Chosen for a residual of the input's dtype (or none), kRowClusterVpt vectors a thread.
+    if constexpr (std::is_same_v<R, T> && sizeof(T) <= 4) {
+      TORCH_INTERNAL_ASSERT(c.vpt == rms::kRowClusterVpt && a.s.M * c.cluster <= std::numeric_limits<int>::max(),
+                            "rms_norm_fused: row clusters of ", c.vpt, " vectors, ", a.s.M, " rows");
+      cuda::launch(fused_rows_forward_kernel<kQuant, true, T, R, W, OutT, AccT, rms::kRowClusterVpt, true>,
+                   {.grid = dim3(a.s.M * c.cluster), .block = dim3(c.threads), .cluster = c.cluster}, a, c.group,
+                   c.cluster);
+      return;
+    }
+    TORCH_INTERNAL_ASSERT(false, "rms_norm_fused: row clusters of a residual not of the input's dtype");
+  }
   const auto kernel =
       c.kind == FusedKernel::kClusterRows ? fused_rows_forward_kernel<kQuant, true, T, R, W, OutT, AccT, 8>
       : c.vpt == 4                        ? fused_rows_forward_kernel<kQuant, false, T, R, W, OutT, AccT, 4>
@@ -419,7 +482,7 @@ void dispatch_fused_forward(const at::Tensor& input, const std::optional<at::Ten
   const FusedForwardInputs in(input, residual, weight);
   const auto dtype = input.scalar_type();
   const double e = eps.value_or(rms_default_eps(dtype));
-  const FusedLaunchConfig c = fused_config(rows, dtype, false, false);
+  const FusedLaunchConfig c = fused_config(rows, dtype, false, false, !in.r.defined() || in.r.scalar_type() == dtype);
   dispatch_fused_types(dtype, in.r.defined() && in.r.scalar_type() != dtype,
                        in.w.defined() && in.w.scalar_type() != dtype, out_dtype != dtype,
                        [&](auto t, auto r_tag, auto w_tag, auto o_tag) {

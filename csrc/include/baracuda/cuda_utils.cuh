@@ -499,6 +499,54 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes
 #endif
 }
 
+// The cluster barrier split (sm_90, every thread of the CTA): arrive without ordering
+// memory (relaxed: what it publishes is ordered by a fence of its own, such as
+// fence_barrier_init), and wait for every CTA of the cluster to have arrived.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// Stores v into CTA `rank`'s copy of the shared variable `local` (this CTA's address of
+// it) of the cluster, asynchronously, completing as sizeof(T) bytes on that CTA's copy of
+// the mbarrier `bar` (sm_90 st.async; 4- or 8-byte T). Nothing waits for it here: the
+// receiving CTA's wait on its barrier does.
+template <typename T>
+__device__ __forceinline__ void store_remote_async(const T& v, const T* local, uint64_t* bar, uint32_t rank) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "st.async of 4 or 8 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t to, to_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to) : "r"(shared_address(local)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(to_bar) : "r"(shared_address(bar)), "r"(rank));
+  if constexpr (sizeof(T) == 4) {
+    uint32_t word;
+    memcpy(&word, &v, 4);
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(to), "r"(word),
+                 "r"(to_bar)
+                 : "memory");
+  } else {
+    unsigned long long word;
+    memcpy(&word, &v, 8);
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(to), "l"(word),
+                 "r"(to_bar)
+                 : "memory");
+  }
+#else
+  __trap();
+#endif
+}
+
 // A ring of `stages` shared-memory stages filled by bulk copies: stage i % stages holds
 // item i (a row) from its fetch until the CTA is done with it, when item i + stages
 // takes it. `full` is kMaxStages mbarriers in the CTA's shared memory; fetch(i) (thread

@@ -18,6 +18,11 @@
 //                  row a cluster of 512-thread CTAs, whose sums meet in distributed
 //                  shared memory; in the backward each CTA keeps its columns' dW sums
 //                  in registers;
+//   kRowClusters   forward rows past 1024 × 4 vectors of an input of at most 4 bytes whose
+//                  residual (if any) is of its dtype, on H200-class bandwidth (sm_90): a row a
+//                  cluster of 2 to 16 CTAs of up to rms::kRowClusterThreads × 8 vectors, a cluster
+//                  a row (not persistent), every load of the row first, the CTAs' sums pushed
+//                  to each other (st.async on mbarriers) instead of met at a cluster barrier;
 //   kStreamedRows  backward rows of one CTA of a 16-bit input whose dy, h and dres are
 //                  of its dtype, one weight row (a thread holds its weight vectors for all
 //                  its rows), past the decode rows, on H200-class bandwidth (sm_90): 4
@@ -76,7 +81,8 @@ struct FusedProblem {
   int64_t acc_bytes = 4;        // float32 sums (float64 for a float64 input)
   bool backward = false;
   bool dw = false;              // backward: grad_weight is computed
-  bool streams_in_dtype = true; // backward: dy, h and dres of the input's dtype
+  bool streams_in_dtype = true; // backward: dy, h and dres of the input's dtype; forward: the
+                                // residual (if any) of the input's dtype
 };
 
 enum class FusedKernel {
@@ -86,6 +92,7 @@ enum class FusedKernel {
   kClusterRows,
   kStreamedRows,
   kStreamedClusterRows,
+  kRowClusters,
   kCtaRows
 };
 
@@ -109,7 +116,7 @@ struct FusedLaunchConfig {
   bool register_kind() const {
     return kind == FusedKernel::kRegisterRows || kind == FusedKernel::kDecodeRows ||
            kind == FusedKernel::kClusterRows || kind == FusedKernel::kStreamedRows ||
-           kind == FusedKernel::kStreamedClusterRows;
+           kind == FusedKernel::kStreamedClusterRows || kind == FusedKernel::kRowClusters;
   }
 };
 
@@ -164,6 +171,18 @@ inline bool fused_prefetches_next(const FusedLaunchConfig& c, const FusedProblem
 // kDecodeMaxThreads. A decode launch is one short wave of a CTA an SM, whose time is the
 // instruction path of its warps (each an instruction every 5–6 cycles, Nsight Compute at
 // [1, 4096] bf16), so the row goes to as many threads as hold it whole.
+// Row clusters: rows that would take 8 vectors a thread (or a cluster of 512 x 8) wait for
+// each vector's loads, or at each row's cluster barrier, with too few bytes in flight for an
+// H200 (0.80-0.86 of copy at [4096, 32768] float32 and N = 65536). On devices of its
+// bandwidth, rows of an input of at most 4 bytes whose residual is of its dtype instead go a
+// row a cluster of 256-thread CTAs of 8 vectors (two CTAs an SM at 110 registers), every load
+// first, a cluster a row (not persistent), the CTAs' sums pushed into each other's shared
+// memory: 0.92-0.95 of copy at [4096, 32768] float32 and [2048, 65536] float32, 0.86-0.89 at
+// [2048, 65536] bf16. Met at a cluster barrier (and a cluster barrier before a CTA exits),
+// the same rows reached 0.61-0.72; x and r staged in shared memory by asynchronous copies,
+// 0.72-0.85; 4 vectors a thread (three CTAs an SM), 1-3% slower; rows of 1024 x 4 as row
+// clusters, 5-9% slower than their register rows. A float32 residual on a 16-bit input keeps
+// the register rows (its 8 vectors of r spill).
 inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const DeviceFacts& f) {
   using namespace fused;
   FusedLaunchConfig c;
@@ -184,6 +203,19 @@ inline FusedLaunchConfig fused_forward_config(const FusedProblem& p, const Devic
       std::tie(group, vpt) = std::pair<int, int>{kBwdMaxThreads, 8};
       c.kind = FusedKernel::kClusterRows;
       c.cluster = static_cast<int>(cluster);
+    }
+  }
+  if ((vpt == 8 || group == 0) && f.clusters() && p.elem <= 4 && p.streams_in_dtype &&
+      f.dram_bytes_per_s >= rms::kStreamedRowsMinBandwidth) {
+    const auto [threads, cluster] = row_cluster_split(nv, f);
+    if (cluster > 0) {
+      c.kind = FusedKernel::kRowClusters;
+      c.cluster = cluster;
+      c.group = c.threads = threads;
+      c.vpt = rms::kRowClusterVpt;
+      c.ctas = p.M;
+      c.one_wave = false;
+      return c;
     }
   }
   if (p.M <= f.num_sms) {
@@ -330,15 +362,18 @@ inline FusedLaunchConfig fused_backward_config(const FusedProblem& p, const Devi
 }
 
 // problem = [M, N, H] (forward), [M, N, H, grad_weight's element size or 0: no dW] (backward),
-// and optionally (backward) a fifth entry: 1 when grad_out, h and grad_residual_out are of the
-// input's dtype (the default), 0 when not (then no streamed rows).
+// and optionally a last entry: 1 when the residual (forward) or grad_out, h and
+// grad_residual_out (backward) are of the input's dtype (the default), 0 when not (then no
+// row clusters, no streamed rows).
 inline FusedProblem fused_problem(c10::IntArrayRef problem, c10::ScalarType dtype, bool backward) {
   const char* op = backward ? "baracuda::rms_norm_fused_backward" : "baracuda::rms_norm_fused";
-  const bool sized = backward ? problem.size() == 4u || problem.size() == 5u : problem.size() == 3u;
+  const size_t flag = backward ? 4u : 3u;  // where the optional "of the input's dtype" entry sits
+  const bool sized = problem.size() == flag || problem.size() == flag + 1;
   BARACUDA_CHECK_VALUE(sized && problem[0] >= 0 && problem[1] >= 0 && problem[2] >= 1 &&
-                           (problem.size() < 5u || problem[4] == 0 || problem[4] == 1),
+                           (problem.size() == flag || problem[flag] == 0 || problem[flag] == 1),
                        op, ": malformed problem ", problem, ", expected [M, N, H",
-                       backward ? ", dW element size(, streams in the input's dtype: 0 or 1)]" : "]");
+                       backward ? ", dW element size(, streams in the input's dtype: 0 or 1)]"
+                                : "(, residual in the input's dtype: 0 or 1)]");
   BARACUDA_CHECK_VALUE(dtype == c10::kHalf || dtype == c10::kBFloat16 || dtype == c10::kFloat ||
                            dtype == c10::kDouble,
                        op, ": dtype must be float16, bfloat16, float32 or float64, got ", dtype);
@@ -350,7 +385,7 @@ inline FusedProblem fused_problem(c10::IntArrayRef problem, c10::ScalarType dtyp
   p.acc_bytes = dtype == c10::kDouble ? 8 : 4;
   p.backward = backward;
   p.dw = backward && problem[3] > 0;
-  p.streams_in_dtype = problem.size() < 5u || problem[4] == 1;
+  p.streams_in_dtype = problem.size() == flag || problem[flag] == 1;
   return p;
 }
 
@@ -366,6 +401,7 @@ inline const char* fused_kernel_name(FusedKernel k) {
     case FusedKernel::kClusterRows: return "cluster_rows";
     case FusedKernel::kStreamedRows: return "streamed_rows";
     case FusedKernel::kStreamedClusterRows: return "streamed_cluster_rows";
+    case FusedKernel::kRowClusters: return "row_clusters";
     case FusedKernel::kCtaRows: return "cta_rows";
   }
   return "?";

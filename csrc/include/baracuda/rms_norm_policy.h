@@ -13,12 +13,14 @@
 //   kStreamedRow         backward rows of one CTA of a half input (two or more
 //                        CTAs an SM, H200-class bandwidth): x and dy staged by
 //                        bulk copies, rows ahead;
-//   kStreamedClusterRow  cluster rows staged by bulk copies, rows ahead: forward
-//                        rows of 65536 or more over 512-thread CTAs (H200-class
-//                        bandwidth; two CTAs an SM), and the backward of a half
-//                        input (x and dy; H200-class: CTAs of at most 256
+//   kStreamedClusterRow  backward cluster rows of a half input, x and dy staged by
+//                        bulk copies, rows ahead (H200-class: CTAs of at most 256
 //                        threads, two an SM, more rows than SMs with a 16-bit dW;
 //                        elsewhere a float32 dW alone, one CTA per SM);
+//   kRowClusters         forward rows past 512 × 8 vectors of 2- or 4-byte elements
+//                        (H200-class bandwidth, sm_90): a row a cluster of CTAs of
+//                        up to 256 threads × 8 vectors and a cluster a row (not
+//                        persistent), the CTAs' sums pushed to each other;
 //   kDecodeRow           no more rows than SMs (latency-bound): a CTA a row,
 //                        the row and w loaded in one round;
 //   kTwoPassRow          rows too long for registers: x (and dy) read twice.
@@ -62,16 +64,17 @@ constexpr int kStreamStages = 3;     // streamed kernels: rows staged in shared 
 // 256 threads) leave two CTAs an SM.
 constexpr int kStreamedClusterThreads = 256;
 // Copy bandwidth (read + write, bytes/s) from which the backward streams half-input rows of one
-// CTA and the forward rows of kStreamedFwdMinRow or more: an H200 (4.19e12) needs more bytes in
-// flight per SM than the register kernels' rows give it; on an H100 (2.97e12) the register
-// kernels measured faster.
+// CTA and the forward takes row clusters: an H200 (4.19e12) needs more bytes in flight per SM
+// than the register kernels' rows give it; on an H100 (2.97e12) the register kernels measured
+// faster.
 constexpr double kStreamedRowsMinBandwidth = 3.5e12;
-// The forward streams rows of at least this many elements (clusters of four 512-thread CTAs
-// of kVpt 16-bit vectors, or eight of float32 ones). There, on an H200, the streamed kernel
-// runs at 0.89-0.91 of copy against the register kernel's 0.77-0.90; at shorter rows it
-// runs at 0.88-0.92, where the register kernel reaches 0.92-0.98 (float32 at N = 32768,
-// four CTAs: 0.92 against 0.93).
-constexpr int64_t kStreamedFwdMinRow = 65536;
+// Forward row clusters (rms_norm and rms_norm_fused, H200-class devices): a row a cluster of
+// CTAs of up to kRowClusterThreads threads holding kRowClusterVpt vectors each, a cluster a
+// row (not persistent), the CTAs' sums pushed to each other (ClusterPushFold); at most
+// kMaxRowCluster CTAs (sm_90's non-portable cluster size).
+constexpr int kRowClusterThreads = 256;
+constexpr int kRowClusterVpt = 8;
+constexpr int kMaxRowCluster = 16;
 
 // Decode spreads, tried in order: (vectors per thread, threads at most). Forward:
 // at most 256 threads (Liger's CTA at N = 4096) of 1, 2, 4 or 8 vectors, then 512
@@ -103,6 +106,18 @@ inline int64_t acc_bytes_of(c10::ScalarType dtype) { return dtype == c10::kDoubl
 
 }  // namespace rms
 
+// The row clusters of a row of nv vectors: {threads a CTA, CTAs}, the fewest CTAs of at
+// most kRowClusterThreads (a multiple of 32) that hold kRowClusterVpt vectors a thread, 2 to
+// the device's max_cluster (at most kMaxRowCluster); {0, 0} when none fits.
+inline std::pair<int, int> row_cluster_split(int64_t nv, const DeviceFacts& f) {
+  using namespace rms;
+  const int64_t row_threads = ceil_div<int64_t>(nv, kRowClusterVpt);
+  const int64_t cluster = ceil_div<int64_t>(row_threads, kRowClusterThreads);
+  if (cluster < 2 || cluster > std::min<int64_t>(f.max_cluster(), kMaxRowCluster)) return {0, 0};
+  const int64_t threads = ceil_div<int64_t>(ceil_div<int64_t>(row_threads, cluster), 32) * 32;
+  return {static_cast<int>(threads), static_cast<int>(cluster)};
+}
+
 struct RmsProblem {
   int64_t M = 0, N = 0;      // rows, row length
   c10::ScalarType dtype = c10::kFloat;
@@ -111,7 +126,7 @@ struct RmsProblem {
 };
 
 enum class RmsKernel {
-  kEmpty, kWarpRows, kCtaRow, kClusterRow, kStreamedRow, kStreamedClusterRow, kDecodeRow, kTwoPassRow
+  kEmpty, kWarpRows, kCtaRow, kClusterRow, kStreamedRow, kStreamedClusterRow, kRowClusters, kDecodeRow, kTwoPassRow
 };
 enum class RmsDwSum { kNone, kDirect, kColumns, kOrdered };
 
@@ -122,9 +137,10 @@ struct RmsLaunchConfig {
   int block = 1;         // threads per CTA
   int cluster = 1;       // CTAs per row
   int vpt = rms::kVpt;   // vectors per thread: kVpt; 1 to 8 for decode rows; 1 for backward rows
-                         // spread over a cluster of 8; 2 * kVpt for forward cluster rows
+                         // spread over a cluster of 8; 2 * kVpt for forward cluster rows and
+                         // row clusters
   int ctas_per_sm = 1;   // backward cluster rows: 2 (registers capped by __launch_bounds__)
-  int stages = 0;        // kStreamedRow, kStreamedClusterRow: rows staged (x; backward x and dy)
+  int stages = 0;        // kStreamedRow, kStreamedClusterRow (backward): rows of x and dy staged
   bool prefetch_next = false;  // backward kCtaRow: each CTA fetches its next row into L2 while on this one
   bool refill_after_dx = false;  // backward kStreamedClusterRow: a stage refilled as soon as its row's dx is
                                  // written, behind a CTA barrier of its own, not after the next row's sum
@@ -152,7 +168,7 @@ struct RmsOccupancy {
 
 // Whether the grid of `c` depends on the kernel's occupancy.
 inline bool rms_needs_occupancy(const RmsLaunchConfig& c, bool backward) {
-  if (c.kind == RmsKernel::kEmpty || c.decode()) return false;
+  if (c.kind == RmsKernel::kEmpty || c.kind == RmsKernel::kRowClusters || c.decode()) return false;
   return backward || c.cluster > 1 || c.two_pass() || c.stages > 0;
 }
 
@@ -168,6 +184,23 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
   bool looped = false, decode = false;
   c.vec = N % (16 / elem) == 0 ? static_cast<int>(16 / elem) : 1;
   const int64_t nv = N / c.vec;
+  // Forward rows past one CTA of 512 threads × 8 vectors (N > 32768 16-bit, 16384 float32),
+  // of 2- or 4-byte elements, on devices of kStreamedRowsMinBandwidth: row clusters (sm_90,
+  // kRowClusterThreads). Rows in persistent clusters, register or streamed by bulk copies,
+  // wait at a cluster barrier every row: on an H200 0.89-0.94 of copy at N = 65536 and
+  // [4096, 32768] float32, where row clusters reach 0.91-0.96. Rows of one 512 × 8 CTA
+  // (N = 32768 16-bit, 16384 float32) stay there: as row clusters of two, 1-2% slower.
+  if (!backward && f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth && c.vec * elem == 16 &&
+      elem <= 4 && nv > int64_t(2) * kVpt * kBwdMaxThreads) {
+    const auto [threads, cluster] = row_cluster_split(nv, f);
+    if (cluster > 0) {
+      c.kind = RmsKernel::kRowClusters;
+      c.block = c.group = threads;
+      c.cluster = cluster;
+      c.vpt = kRowClusterVpt;
+      return c;
+    }
+  }
   if (nv <= 32 * kVpt) {
     // Short rows: a sub-warp of `group` threads per row, kRowsBlock / group rows per CTA.
     c.group = pow2_ceil(ceil_div<int64_t>(nv, kVpt));
@@ -194,20 +227,7 @@ inline RmsLaunchConfig rms_launch_shape(const RmsProblem& p, const DeviceFacts& 
     }
     c.group = c.block;
   }
-  // Forward rows of at least kStreamedFwdMinRow elements split over 512-thread CTAs of kVpt
-  // 16-byte vectors, more rows than SMs, on devices of kStreamedRowsMinBandwidth: the
-  // streamed kernel (sm_90), kStreamStages rows of the CTA's slice staged by bulk copies,
-  // two CTAs an SM, so two rows' loads are in flight while one is summed and stored; the
-  // register kernel's next row waits for this row's cluster barrier. (With a row or none
-  // a cluster there is nothing to overlap.) Elements of 2 or 4 bytes.
   bool streamed = false;
-  if (!backward && !looped && f.clusters() && f.dram_bytes_per_s >= kStreamedRowsMinBandwidth &&
-      c.vec * elem == 16 && elem <= 4 && c.block == kBwdMaxThreads && N >= kStreamedFwdMinRow &&
-      M > f.num_sms) {
-    streamed = true;
-    c.stages = kStreamStages;
-    c.smem = kStreamStages * int64_t(c.vpt) * c.block * 16;
-  }
   // Rows that need a cluster: the CTAs of a cluster wait for each other at every
   // row's barrier. The forward holds 2 * kVpt vectors per thread (16-byte vectors:
   // 64 registers), so half as many CTAs share a row. The backward, which needs
@@ -375,7 +395,6 @@ inline RmsLaunchConfig rms_launch_grid(RmsLaunchConfig c, const RmsProblem& p, c
       // loads in flight, fewer dW partial rows to write and sum). A grid larger than
       // what runs at once leaves a tail wave; with clusters that can halve the speed.
       // Backward: one wave, each row group accumulating dW for the rows it visits.
-      // Forward streamed rows: one wave, each CTA streaming the rows it visits.
       // Forward cluster rows and the two-pass kernel: up to 16 waves, the rest by
       // grid-stride (a cluster per row group is slower).
       int64_t resident = occ.resident_row_groups;
@@ -469,6 +488,7 @@ inline const char* rms_kernel_name(RmsKernel k) {
     case RmsKernel::kClusterRow: return "cluster_row";
     case RmsKernel::kStreamedRow: return "streamed_row";
     case RmsKernel::kStreamedClusterRow: return "streamed_cluster_row";
+    case RmsKernel::kRowClusters: return "row_clusters";
     case RmsKernel::kDecodeRow: return "decode_row";
     case RmsKernel::kTwoPassRow: return "two_pass_row";
   }

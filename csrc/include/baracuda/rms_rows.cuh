@@ -179,6 +179,41 @@ __device__ __forceinline__ AccT cluster_slots_fold(AccT* slots, int parity, int 
 #endif
 }
 
+// A value folded over the CTAs of a cluster that holds one row (a kernel whose CTAs fold
+// once per barrier: one row a CTA), pushed rather than pulled: each CTA stores its value
+// into slot [its rank] of every CTA of the cluster (st.async, completing on that CTA's
+// mbarrier) and waits on its own barrier for the cluster's values, which it folds in rank
+// order, the same bits in every CTA. No cluster barrier a row, and none before a CTA
+// exits: a CTA leaves once every value sent to it has landed, and none reads another's
+// shared memory. Shared: slots (one per rank, up to the device's max_cluster) and the
+// barrier, this CTA's.
+template <typename AccT>
+struct ClusterPushFold {
+  AccT* slots;
+  uint64_t* bar;
+  int cluster;
+
+  // Thread 0, before the cluster barrier that publishes it (announce, then
+  // cuda::cluster_wait before the first fold): the barrier, for one arrival.
+  __device__ void init() const {
+    cuda::mbarrier_init(bar, 1);
+    cuda::fence_barrier_init();
+  }
+
+  // Every thread, with the same v: the fold of the cluster's values into init by op.
+  template <typename Op>
+  __device__ __forceinline__ AccT fold(AccT v, AccT init, Op&& op) const {
+    if (threadIdx.x == 0) cuda::mbarrier_expect_bytes(bar, uint32_t(cluster) * sizeof(AccT));
+    if (threadIdx.x < cluster) cuda::store_remote_async(v, slots + blockIdx.x % cluster, bar, threadIdx.x);
+    cuda::mbarrier_wait(bar, 0);
+    for (int rank = 0; rank < cluster; ++rank) init = op(init, slots[rank]);
+    return init;
+  }
+
+  // Announces init() to the cluster (every thread; relaxed: fence_barrier_init orders it).
+  static __device__ void announce() { cuda::cluster_arrive_relaxed(); }
+};
+
 // Fetches into L2 the part of a row (`row_start`, nv vectors of V elements) that one
 // CTA of the row holds: its vectors q = j * row_threads + first + t (t < group, j <
 // Vpt), each of the Vpt runs of `group` consecutive vectors one bulk prefetch.

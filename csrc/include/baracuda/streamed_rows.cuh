@@ -1,6 +1,5 @@
 // What the kernels that stream rows through shared memory share (rms_norm's
-// forward_streamed.cuh and backward_streamed.cuh, rms_norm_fused's streamed cluster-row
-// backward): a CTA's slice of a row staged by bulk copies, and a row's sum over its
+// backward_streamed.cuh, rms_norm_fused's streamed cluster-row backward): a CTA's slice of a row staged by bulk copies, and a row's sum over its
 // cluster split around other work.
 #pragma once
 
