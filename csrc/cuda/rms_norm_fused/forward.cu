@@ -117,22 +117,65 @@ __device__ __forceinline__ cuda::RawVec<R, V> residual_sum(const cuda::RawVec<T,
   return raw_of<R, V>(h);
 }
 
+// A thread's weight vectors of one row, wo = w + offset (1 without a weight), for its
+// vectors q = j * row_threads + u: loaded where each is used, or (kFirst) all of them when
+// the row's loads are issued, before its sum. Loaded where used, each vector's load follows
+// the previous vector's y store (the stores may alias w for the compiler): one round trip
+// to L2 a vector after the row's sum, not one a row overlapped with the sum.
+template <typename W, typename AccT, int V, int Vpt, bool kFirst>
+struct FusedRowWeight {
+  const W* wr = nullptr;  // the row's weight (its head's), or nullptr
+  AccT offset = 0;
+  RawWeight<W, V> raw[kFirst ? Vpt : 1];
+
+  // The row's weight pointer (and, kFirst, its vectors): called before the row's sum
+  // with kFirst, else after it (the pointer held across the sum cost registers there).
+  template <typename Args>
+  __device__ __forceinline__ void load(const Args& a, int64_t row, bool live, int row_threads, int u) {
+    wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * a.s.N : nullptr;
+    offset = a.offset;
+    if constexpr (kFirst) {
+      const int nv = static_cast<int>(a.s.N / V);
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) raw[j] = RawWeight<W, V>::load(wr, j * row_threads + u, nv);
+    }
+  }
+
+  // wo of this thread's vector j (column vector q).
+  __device__ __forceinline__ void at(int j, int q, AccT (&wo)[V]) const {
+    if constexpr (kFirst) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) wo[i] = wr != nullptr ? raw[j].template at<AccT>(i) + offset : AccT(1);
+    } else {
+      load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+    }
+  }
+};
+
+// Whether a row's weight vectors are loaded before its sum (FusedRowWeight): where ptxas fits
+// them beside the row without spills, i.e. row clusters (128 registers a thread) but
+// rms_norm_quant's of 32-byte weight vectors, and rms_norm_fused's register rows of 4
+// vectors with 16-byte weight vectors and a residual of the input's dtype.
+template <bool kQuant, bool kRowClusters, typename T, typename R, typename W, int Vpt>
+constexpr bool fused_weight_first() {
+  constexpr bool kWeight16 = sizeof(W) * (16 / sizeof(T)) == 16;
+  if constexpr (kRowClusters) return kWeight16 || !kQuant;
+  return Vpt <= 4 && !kQuant && kWeight16 && std::is_same_v<R, T>;
+}
+
 // The outputs of a row whose h this thread holds (hv[j]: vector q = j * row_threads + u of
-// the row, those past nv ignored) and whose rstd is r: y and rstd, or (kQuant) the row's
-// scale (a static one, or reduce_max(max |y| of the thread) for the row's, written) and q.
+// the row, those past nv ignored), whose weight wt holds and whose rstd is r: y and rstd,
+// or (kQuant) the row's scale (a static one, or reduce_max(max |y| of the thread) for the
+// row's, written) and q.
 template <bool kQuant, typename T, typename R, typename W, typename OutT, typename AccT, int V, int Vpt,
-          typename RowMax>
+          bool kWeightFirst, typename RowMax>
 __device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R, W, OutT, AccT>& a, int64_t row,
                                                     bool live, int row_threads, int u,
-                                                    const cuda::RawVec<R, V> (&hv)[Vpt], AccT r,
+                                                    const cuda::RawVec<R, V> (&hv)[Vpt],
+                                                    const FusedRowWeight<W, AccT, V, Vpt, kWeightFirst>& wt, AccT r,
                                                     RowMax&& reduce_max) {
   const int64_t N = a.s.N;
   const int nv = static_cast<int>(N / V);
-  const W* wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * N : nullptr;
-  // wo = w + offset of this thread's vector j (column q).
-  const auto weight_of = [&](int q, AccT(&wo)[V]) {
-    load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, a.offset, wo);
-  };
   // y for vector j (element i) of this thread, as OutT rounds it.
   const auto y_at = [&](int j, const AccT (&wo)[V], int i) {
     return fused_output<OutT, T>(cuda::raw_elem<AccT, R, V>(hv[j], i), r, wo[i], a.llama);
@@ -144,7 +187,7 @@ __device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R,
       const int q = j * row_threads + u;
       if (!live || q >= nv) continue;
       AccT wo[V], y[V];
-      weight_of(q, wo);
+      wt.at(j, q, wo);
 #pragma unroll
       for (int i = 0; i < V; ++i) y[i] = static_cast<AccT>(y_at(j, wo, i));
       store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
@@ -160,7 +203,7 @@ __device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R,
         const int q = j * row_threads + u;
         if (!live || q >= nv) continue;
         AccT wo[V];
-        weight_of(q, wo);
+        wt.at(j, q, wo);
 #pragma unroll
         for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
       }
@@ -172,7 +215,7 @@ __device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R,
       const int q = j * row_threads + u;
       if (!live || q >= nv) continue;
       AccT wo[V];
-      weight_of(q, wo);
+      wt.at(j, q, wo);
       cuda::Vec<c10::Float8_e4m3fn, V> out;
 #pragma unroll
       for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
@@ -188,13 +231,16 @@ __device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R,
 // make room for new ones, whose loads overlap the others' sums and stores), every load of
 // the row first, and the cluster's sums (and maxima) pushed (ClusterPushFold): no cluster
 // barrier a row, nor before a CTA exits, but the one that publishes the fold barriers,
-// passed after the loads are issued.
+// passed after the loads are issued. Where the registers allow (fused_weight_first), the
+// row's weight vectors are loaded before its sum, so that their round trips to L2 overlap
+// it instead of following one another between y's stores after it.
 template <bool kQuant, bool kClusterRows, typename T, typename R, typename W, typename OutT, typename AccT, int Vpt,
           bool kRowClusters = false>
 __global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxThreads, kRowClusters ? 2 : 1)
     fused_rows_forward_kernel(const FusedForwardArgs<T, R, W, OutT, AccT> a, int group, int cluster_arg) {
   static_assert(kClusterRows || !kRowClusters);
   constexpr int V = 16 / sizeof(T);
+  constexpr bool kWeightFirst = fused_weight_first<kQuant, kRowClusters, T, R, W, Vpt>();
   const int cluster = kClusterRows ? cluster_arg : 1;
   __shared__ cuda::BlockSumScratch<AccT> scratch;
   // Cluster rows: the CTA's sum and max of a row, by row parity; row clusters: the CTAs'
@@ -252,6 +298,8 @@ __global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxT
       }
       hv[j] = residual_sum<T, R, AccT, V>(xv, rv, has_res, a.h_out + at);
     }
+    FusedRowWeight<W, AccT, V, Vpt, kWeightFirst> wt;
+    if constexpr (kWeightFirst) wt.load(a, row, live, L.row_threads, L.u);
     AccT ss;
     if constexpr (kRowClusters) {
       ss = cuda::block_sum_once(sum_of_squares<AccT, R, V>(hv), scratch);
@@ -261,7 +309,8 @@ __global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxT
       ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
     }
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
-    store_fused_outputs<kQuant, T, R, W, OutT, AccT, V, Vpt>(a, row, live, L.row_threads, L.u, hv, r, [&](AccT amax) {
+    if constexpr (!kWeightFirst) wt.load(a, row, live, L.row_threads, L.u);
+    store_fused_outputs<kQuant, T, R, W, OutT, AccT, V, Vpt>(a, row, live, L.row_threads, L.u, hv, wt, r, [&](AccT amax) {
       if constexpr (kRowClusters) {
         __syncthreads();  // every thread has read the scratch's sum
         return max_fold.fold(block_max(amax, scratch), AccT(0), [](AccT x, AccT y) { return fp8_amax(x, y); });
