@@ -8,6 +8,16 @@
 namespace baracuda {
 namespace {
 
+// Whether the backward's register rows load a row's weight vectors with its dy and h
+// (FusedRowWeight): where ptxas fits them without spills, i.e. dy, h and dres of the
+// input's dtype with 16-byte weight vectors, at up to 128 registers a thread (one CTA an
+// SM), or float32 rows at 64.
+template <typename T, typename R, typename W, typename OutT, int MinCtas>
+constexpr bool fused_bwd_weight_first() {
+  return std::is_same_v<R, T> && std::is_same_v<OutT, T> && sizeof(W) * (16 / sizeof(T)) == 16 &&
+         (MinCtas == 1 || sizeof(T) == 4);
+}
+
 // Backward of rows in registers (register rows, and cluster rows: a row over `cluster`
 // CTAs); see common.cuh. dw_partials: a row of N for each row group, gridDim.x / cluster
 // (nullptr: no dW; then the weight may be per head). Cluster rows add their dW terms
@@ -21,6 +31,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
                                R* __restrict__ dr, AccT* __restrict__ dw_partials, FusedRows s, int group,
                                int cluster_arg, AccT offset, bool llama, bool prefetch_next) {
   constexpr int V = 16 / sizeof(T);
+  constexpr bool kWeightFirst = fused_bwd_weight_first<T, R, W, OutT, MinCtas>();
   const int cluster = kClusterRows ? cluster_arg : 1;
   __shared__ cuda::BlockSumScratch<AccT> scratch;
   __shared__ AccT slots[2];  // cluster rows: the CTA's sum of a row, by row parity (row_sum)
@@ -46,6 +57,8 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
       hv[j] = load_row_raw<R, V>(h + at);
       if (want_d && dres != nullptr) dresv[j] = load_row_raw<R, V>(dres + at);
     }
+    FusedRowWeight<W, AccT, V, Vpt, kWeightFirst> wt;
+    if constexpr (kWeightFirst) wt.load(w, s, offset, row, live, L.row_threads, L.u);
     // prefetch_next (a row a CTA, alone on its SM): the CTA's part of its next row's dy, h
     // and dres fetched into L2 before this row's sum, so the memory stays busy while the
     // CTA waits for the sum and stores dx.
@@ -63,7 +76,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
       }
     }
     const AccT r = live ? rstd[row] : AccT(0);
-    const W* wr = w != nullptr ? w + (live ? row % s.H : 0) * N : nullptr;
+    if constexpr (!kWeightFirst) wt.load(w, s, offset, row, live, L.row_threads, L.u);
     const auto add_dw = [&] {
       if (dw_partials == nullptr || !live) return;
 #pragma unroll
@@ -82,7 +95,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
         const int q = j * L.row_threads + L.u;
         if (!live || q >= nv) continue;
         AccT wo[V];
-        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+        wt.at(j, q, wo);
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           sg += cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i] * cuda::raw_elem<AccT, R, V>(hv[j], i);
@@ -98,7 +111,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, MinCtas)
         if (!live || q >= nv) continue;
         const int64_t at = row * N + int64_t(q) * V;
         AccT wo[V], d[V];
-        load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+        wt.at(j, q, wo);
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           d[i] = r * (cuda::raw_elem<AccT, OutT, V>(dyv[j], i) * wo[i]) - cuda::raw_elem<AccT, R, V>(hv[j], i) * k;

@@ -68,6 +68,41 @@ __device__ __forceinline__ void load_weight_offset(const W* __restrict__ w, int6
   }
 }
 
+// A thread's weight vectors of one row, wo = w + offset (1 without a weight), for its
+// vectors q = j * row_threads + u: loaded where each is used, or (kFirst) all of them when
+// the row's loads are issued, before its sum. Loaded where used, each vector's load follows
+// the previous vector's store, or in a branch of its own: one round trip to L2 a vector,
+// not one a row overlapped with the row's loads and sum.
+template <typename W, typename AccT, int V, int Vpt, bool kFirst>
+struct FusedRowWeight {
+  const W* wr = nullptr;  // the row's weight (its head's), or nullptr
+  AccT offset = 0;
+  RawWeight<W, V> raw[kFirst ? Vpt : 1];
+
+  // The row's weight pointer (and, kFirst, its vectors): called before the row's sum
+  // with kFirst, else after it (the pointer held across the sum cost registers there).
+  __device__ __forceinline__ void load(const W* w, const FusedRows& s, AccT offset_, int64_t row, bool live,
+                                       int row_threads, int u) {
+    wr = w != nullptr ? w + (live ? row % s.H : 0) * s.N : nullptr;
+    offset = offset_;
+    if constexpr (kFirst) {
+      const int nv = static_cast<int>(s.N / V);
+#pragma unroll
+      for (int j = 0; j < Vpt; ++j) raw[j] = RawWeight<W, V>::load(wr, j * row_threads + u, nv);
+    }
+  }
+
+  // wo of this thread's vector j (column vector q).
+  __device__ __forceinline__ void at(int j, int q, AccT (&wo)[V]) const {
+    if constexpr (kFirst) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) wo[i] = wr != nullptr ? raw[j].template at<AccT>(i) + offset : AccT(1);
+    } else {
+      load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
+    }
+  }
+};
+
 // The policy's config on the current device (streams_in_dtype: the backward's dy, h and
 // dres are of the input's dtype).
 inline FusedLaunchConfig fused_config(const FusedRows& s, c10::ScalarType dtype, bool backward, bool want_dw,

@@ -117,41 +117,6 @@ __device__ __forceinline__ cuda::RawVec<R, V> residual_sum(const cuda::RawVec<T,
   return raw_of<R, V>(h);
 }
 
-// A thread's weight vectors of one row, wo = w + offset (1 without a weight), for its
-// vectors q = j * row_threads + u: loaded where each is used, or (kFirst) all of them when
-// the row's loads are issued, before its sum. Loaded where used, each vector's load follows
-// the previous vector's y store (the stores may alias w for the compiler): one round trip
-// to L2 a vector after the row's sum, not one a row overlapped with the sum.
-template <typename W, typename AccT, int V, int Vpt, bool kFirst>
-struct FusedRowWeight {
-  const W* wr = nullptr;  // the row's weight (its head's), or nullptr
-  AccT offset = 0;
-  RawWeight<W, V> raw[kFirst ? Vpt : 1];
-
-  // The row's weight pointer (and, kFirst, its vectors): called before the row's sum
-  // with kFirst, else after it (the pointer held across the sum cost registers there).
-  template <typename Args>
-  __device__ __forceinline__ void load(const Args& a, int64_t row, bool live, int row_threads, int u) {
-    wr = a.w != nullptr ? a.w + (live ? row % a.s.H : 0) * a.s.N : nullptr;
-    offset = a.offset;
-    if constexpr (kFirst) {
-      const int nv = static_cast<int>(a.s.N / V);
-#pragma unroll
-      for (int j = 0; j < Vpt; ++j) raw[j] = RawWeight<W, V>::load(wr, j * row_threads + u, nv);
-    }
-  }
-
-  // wo of this thread's vector j (column vector q).
-  __device__ __forceinline__ void at(int j, int q, AccT (&wo)[V]) const {
-    if constexpr (kFirst) {
-#pragma unroll
-      for (int i = 0; i < V; ++i) wo[i] = wr != nullptr ? raw[j].template at<AccT>(i) + offset : AccT(1);
-    } else {
-      load_weight_offset<AccT, W, V>(wr, int64_t(q) * V, offset, wo);
-    }
-  }
-};
-
 // Whether a row's weight vectors are loaded before its sum (FusedRowWeight): where ptxas fits
 // them beside the row without spills, i.e. row clusters (128 registers a thread) but
 // rms_norm_quant's of 32-byte weight vectors, and rms_norm_fused's register rows of 4
@@ -299,7 +264,7 @@ __global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxT
       hv[j] = residual_sum<T, R, AccT, V>(xv, rv, has_res, a.h_out + at);
     }
     FusedRowWeight<W, AccT, V, Vpt, kWeightFirst> wt;
-    if constexpr (kWeightFirst) wt.load(a, row, live, L.row_threads, L.u);
+    if constexpr (kWeightFirst) wt.load(a.w, a.s, a.offset, row, live, L.row_threads, L.u);
     AccT ss;
     if constexpr (kRowClusters) {
       ss = cuda::block_sum_once(sum_of_squares<AccT, R, V>(hv), scratch);
@@ -309,7 +274,7 @@ __global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxT
       ss = row_sum(sum_of_squares<AccT, R, V>(hv), group, cluster, scratch, sum_slots, parity, [] {});
     }
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
-    if constexpr (!kWeightFirst) wt.load(a, row, live, L.row_threads, L.u);
+    if constexpr (!kWeightFirst) wt.load(a.w, a.s, a.offset, row, live, L.row_threads, L.u);
     store_fused_outputs<kQuant, T, R, W, OutT, AccT, V, Vpt>(a, row, live, L.row_threads, L.u, hv, wt, r, [&](AccT amax) {
       if constexpr (kRowClusters) {
         __syncthreads();  // every thread has read the scratch's sum
