@@ -175,10 +175,10 @@ inline bool fused_prefetches_next(const FusedLaunchConfig& c, const FusedProblem
 // each vector's loads, or at each row's cluster barrier, with too few bytes in flight for an
 // H200 (0.80-0.86 of copy at [4096, 32768] float32 and N = 65536). On devices of its
 // bandwidth, rows of an input of at most 4 bytes whose residual is of its dtype instead go a
-// row a cluster of 256-thread CTAs of 8 vectors (two CTAs an SM at 110 registers), every load
-// first, a cluster a row (not persistent), the CTAs' sums pushed into each other's shared
-// memory: 0.92-0.95 of copy at [4096, 32768] float32 and [2048, 65536] float32, 0.86-0.89 at
-// [2048, 65536] bf16. x and r staged in shared memory by asynchronous copies instead reached
+// row a cluster of 256-thread CTAs of 8 vectors (two CTAs an SM at up to 128 registers), every
+// load first (the weight's too), a cluster a row (not persistent), the CTAs' sums pushed into
+// each other's shared memory: 0.97-1.01 of copy at [4096, 32768] float32 and N = 65536. x and r
+// staged in shared memory by asynchronous copies instead reached
 // 0.72-0.85, so staged and met at a cluster barrier (and one before a CTA exits) 0.61-0.72;
 // 4 vectors a thread (three CTAs an SM), 1-3% slower; rows of 1024 x 4 as row clusters, 5-10%
 // slower than their register rows. A float32 residual on a 16-bit input keeps
