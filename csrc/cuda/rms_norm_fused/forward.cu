@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kRowClusters ? rms::kRowClusterThreads : kMaxT
     }
     const AccT r = rsqrt_acc(ss / static_cast<AccT>(N) + a.eps);
     if constexpr (!kWeightFirst) wt.load(a.w, a.s, a.offset, row, live, L.row_threads, L.u);
-    store_fused_outputs<kQuant, T, R, W, OutT, AccT, V, Vpt>(a, row, live, L.row_threads, L.u, hv, wt, r, [&](AccT amax) {
+    store_fused_outputs<kQuant>(a, row, live, L.row_threads, L.u, hv, wt, r, [&](AccT amax) {
       if constexpr (kRowClusters) {
         __syncthreads();  // every thread has read the scratch's sum
         return max_fold.fold(block_max(amax, scratch), AccT(0), [](AccT x, AccT y) { return fp8_amax(x, y); });
