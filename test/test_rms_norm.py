@@ -281,25 +281,38 @@ def test_backward_rows_of_one_cta_streamed(device, dtype, wdt, n, m):
     assert none is None and torch.equal(only_dw, dw)
 
 
+# Past 2^31 elements: (n, weight dtype, (the forward's kernel kind, the backward's)) on an H200,
+# a case for each kind of row kernel.
+_PAST_2_31_CASES = [(1024, torch.bfloat16, ("warp_rows", "streamed_row")),
+                    (1024, torch.float32, ("warp_rows", "streamed_row")),
+                    (8192, torch.bfloat16, ("cta_row", "streamed_row")),
+                    (16384, torch.bfloat16, ("cta_row", "cta_row")),
+                    (65536, torch.bfloat16, ("row_clusters", "streamed_cluster_row")),
+                    (262144, torch.bfloat16, ("row_clusters", "two_pass_row")),
+                    (4096, torch.float32, ("cta_row", "streamed_row")),
+                    (65536, torch.float32, ("row_clusters", "streamed_cluster_row")),
+                    (2**20, torch.bfloat16, ("two_pass_row", "two_pass_row"))]
+
+
+@pytest.mark.parametrize("n,wdt,kinds", _PAST_2_31_CASES)
+def test_past_2_31_cases_take_their_kinds(n, wdt, kinds):
+    # The big-memory test below runs on a GPU alone; the kinds its cases are meant to cover are
+    # checked here on every machine, so that a policy change which moves one shows in CI.
+    m = (1 << 31) // n + 3
+    assert kinds == (rms_config(m, n, torch.bfloat16).kind,
+                     rms_config(m, n, torch.bfloat16, backward=True, dw_dtype=wdt).kind)
+
+
 @pytest.mark.big_memory
-@pytest.mark.parametrize("n,wdt,kinds", [(1024, torch.bfloat16, ("warp_rows", "streamed_row")),
-                                         (1024, torch.float32, ("warp_rows", "streamed_row")),
-                                         (8192, torch.bfloat16, ("cta_row", "streamed_row")),
-                                         (16384, torch.bfloat16, ("cta_row", "cta_row")),
-                                         (65536, torch.bfloat16, ("row_clusters", "streamed_cluster_row")),
-                                         (262144, torch.bfloat16, ("row_clusters", "two_pass_row")),
-                                         (4096, torch.float32, ("cta_row", "streamed_row")),
-                                         (65536, torch.float32, ("row_clusters", "streamed_cluster_row")),
-                                         (2**20, torch.bfloat16, ("two_pass_row", "two_pass_row"))])
-def test_cuda_past_2_31_elements(n, wdt, kinds):
+@pytest.mark.parametrize("n,wdt", [(n, wdt) for n, wdt, _ in _PAST_2_31_CASES])
+def test_cuda_past_2_31_elements(n, wdt):
     # bfloat16 inputs of 2^31 + 3n elements, the last three rows wholly past element 2^31,
-    # through each kind of row kernel (`kinds`: the forward's and the backward's on an H200).
-    # Rows from the start, middle and end against float64; dW (a sum over every row) against
-    # a float64 sum, with the last rows' grad scaled up so that a row lost or read from the
-    # wrong place shows in it.
+    # through each kind of row kernel (test_past_2_31_cases_take_their_kinds). Rows from the
+    # start, middle and end against float64; dW (a sum over every row) against a float64 sum,
+    # with the last rows' grad scaled up so that a row lost or read from the wrong place shows
+    # in it.
     require_free_gpu_memory(20)
     m, dtype = (1 << 31) // n + 3, torch.bfloat16
-    assert kinds == (rms_config(m, n, dtype).kind, rms_config(m, n, dtype, backward=True, dw_dtype=wdt).kind)
     x = torch.randn(m, n, dtype=dtype, device="cuda")
     w = torch.randn(n, dtype=wdt, device="cuda")
     rows = torch.tensor([0, 1, m // 2, m - 4, m - 3, m - 2, m - 1], device="cuda")
