@@ -158,34 +158,36 @@ __device__ __forceinline__ void store_fused_outputs(const FusedForwardArgs<T, R,
       store_row_slice<OutT, V>(a.y + row * N + int64_t(q) * V, y);
     }
   } else {
-    float scale;
-    if (a.static_scale != nullptr) {
-      scale = *a.static_scale;
-    } else {
-      AccT amax = 0;
+    // Calls f(q, y) for each vector q of the row that this thread holds, y(i) its element i
+    // as OutT rounds it: once for the row's max, once for q.
+    const auto for_each_y = [&](auto&& f) {
 #pragma unroll
       for (int j = 0; j < Vpt; ++j) {
         const int q = j * row_threads + u;
         if (!live || q >= nv) continue;
         AccT wo[V];
         wt.at(j, q, wo);
-#pragma unroll
-        for (int i = 0; i < V; ++i) amax = fp8_amax(amax, static_cast<AccT>(y_at(j, wo, i)));
+        f(q, [&](int i) { return static_cast<AccT>(y_at(j, wo, i)); });
       }
+    };
+    float scale;
+    if (a.static_scale != nullptr) {
+      scale = *a.static_scale;
+    } else {
+      AccT amax = 0;
+      for_each_y([&](int, auto&& y) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) amax = fp8_amax(amax, y(i));
+      });
       scale = fp8_row_scale(reduce_max(amax));
       if (live && u == 0) a.row_scale[row] = scale;
     }
-#pragma unroll
-    for (int j = 0; j < Vpt; ++j) {
-      const int q = j * row_threads + u;
-      if (!live || q >= nv) continue;
-      AccT wo[V];
-      wt.at(j, q, wo);
+    for_each_y([&](int q, auto&& y) {
       cuda::Vec<c10::Float8_e4m3fn, V> out;
 #pragma unroll
-      for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(static_cast<AccT>(y_at(j, wo, i)), scale);
+      for (int i = 0; i < V; ++i) out.v[i] = fp8_quantize(y(i), scale);
       cuda::store_vec<c10::Float8_e4m3fn, V>(a.q + row * N + int64_t(q) * V, out);
-    }
+    });
   }
 }
 
