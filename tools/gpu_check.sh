@@ -111,8 +111,8 @@ if stage sanitize; then
     # initcheck must see every kernel's writes (torch's too), so only the other tools filter to our kernels.
     # racecheck must instrument all of ours: filtered to some, the first uninstrumented cluster kernel
     # that uses another CTA's shared memory (rms_norm's backward cluster rows, rms_norm_fused's forward
-    # or backward cluster rows) ends the process with an illegal address, whichever of them the filter
-    # leaves out; with every one instrumented it is clean, as is memcheck under either filter.
+    # row clusters or backward cluster rows) ends the process with an illegal address, whichever of
+    # them the filter leaves out; with every one instrumented it is clean, as is memcheck either way.
     [ "$tool" != initcheck ] && extra+=(--kernel-name kns=baracuda)
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" "${extra[@]}" \
       --error-exitcode 97 python3 tools/sanitizer_smoke.py $ONLY > /tmp/sanitizer_$tool.log 2>&1
