@@ -512,14 +512,17 @@ def test_backward_owned_boxes_moved_starts(device, dims):
     (2, (1, 3, 23, 22), (2, 2), (8, 11), "owned_boxes"),           # stride 3 > k along H: boxes with a gap row
     (2, (2, 2, 24, 24), (3, 2), (8, 12), "owned_boxes"),           # stride 3 = k along H
     (2, (1, 2, 30, 16), (2, 2), (8, 8), "owned_boxes"),            # stride 4 along H
+    (2, (1, 2, 16, 12), (2, 2), (8, 6), "owned_boxes"),            # out along W of 6: units of 2 cells
+    (2, (1, 1, 514, 8), (2, 2), (257, 4), "owned_boxes"),          # 1028 cells, two blocks of 516
     (3, (1, 2, 11, 14, 8), (2, 2, 2), (4, 5, 4), "owned_boxes"),   # strides 3, 3, 2
     (3, (1, 2, 3, 10, 10), (3, 2, 2), (1, 5, 5), "owned_boxes"),   # one cell along T: its box is the whole axis
     (2, (1, 3, 23, 23), (2, 2), (8, 8), "tile_stores"),            # stride 3 along W: rows of 3, the tiles
 ])
 def test_backward_owned_boxes_strides(device, dims, shape, k, out, kind):
     # Integer strides from k to 4 (owned boxes on CUDA when the boxes are 2 wide along
-    # W), forward indices, and dx written at the buffer's start and one or two elements
-    # past it (box rows stored as 4-, 2- or 1-element pieces): equal to the CPU kernel.
+    # W), forward indices, and dx written at the buffer's start and one, two or four
+    # elements past it (box rows stored as 8-, 4-, 2- or 1-element pieces): equal to the
+    # CPU kernel.
     for dtype in (torch.float32, torch.bfloat16):
         x = random(shape, dtype, device)
         _, i = _fw(dims)(x, list(k), list(out), _samples(x, dims))
@@ -528,7 +531,7 @@ def test_backward_owned_boxes_strides(device, dims, shape, k, out, kind):
         assert torch.equal(_bw(dims)(g, x, list(k), list(out), i).cpu(), cpu)
         plan = _backward_plan(dims, shape, k, out, dtype, device)
         ws = torch.empty(plan.workspace_size(), dtype=torch.uint8, device=device)
-        for offset in (1, 2):
+        for offset in (1, 2, 4):
             buffer = poison(torch.empty(x.numel() + offset, dtype=dtype, device=device))
             dx = buffer[offset:].view(shape)
             _bw(dims).out(g, x, list(k), list(out), i, grad_input=dx, workspace=ws)

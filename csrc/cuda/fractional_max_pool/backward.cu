@@ -30,16 +30,22 @@ void launch_fmp_backward_boxes(const FmpGeometry& g, const FmpBackwardConfig& c,
   p.out_plane = static_cast<IndexT>(g.out_plane());
   p.in_plane = g.in_plane();
   // Box rows stored as vectors: the boxes are 2 wide along W (in = 2 out there, so every
-  // row starts at an even element); two cells a row when out along W is even (block
-  // ranges hold even counts of cells); dx aligned to the vectors.
+  // row starts at an even element), and a unit of `cells` W-adjacent cells stores its box row,
+  // 2 * cells elements, as one vector: the widest that out along W divides into (block ranges
+  // hold whole units of up to 4 cells) and dx is aligned to, of 16 bytes at most (4 cells of a
+  // 16-bit dx, 2 of float32, 1 of float64); 0: rows stored element by element.
   const void* dxp = dx.const_data_ptr();
-  int cells = cuda::is_aligned(dxp, 2 * sizeof(scalar_t)) ? 1 : 0;
-  constexpr int kTwo = sizeof(scalar_t) <= 4 ? 2 : 1;  // 16-byte vectors at most
-  if (cells == 1 && kTwo == 2 && g.out[2] % 2 == 0 && cuda::is_aligned(dxp, 4 * sizeof(scalar_t))) cells = 2;
+  constexpr int kWide = static_cast<int>(8 / sizeof(scalar_t));
+  constexpr int kFour = std::min(4, kWide), kTwo = std::min(2, kWide);
+  int cells = 0;
+  for (const int w : {4, 2, 1}) {
+    if (cells == 0 && w <= kWide && g.out[2] % w == 0 && cuda::is_aligned(dxp, 2 * w * sizeof(scalar_t))) cells = w;
+  }
   const int64_t unit = std::max(cells, 1);
   p.block_units = static_cast<IndexT>(c.block_cells / unit);
   p.plane_units = static_cast<IndexT>(g.out_plane() / unit);
-  auto kernel = cells == 2 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, kTwo>
+  auto kernel = cells == 4   ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, kFour>
+                : cells == 2 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, kTwo>
                 : cells == 1 ? fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, 1>
                              : fmp_backward_boxes_kernel<scalar_t, acc_t, IndexT, Dims, 0>;
   kernel<<<static_cast<unsigned>(c.blocks), c.threads, 0, c10::cuda::getCurrentCUDAStream()>>>(

@@ -12,14 +12,14 @@ namespace {
 // cell: all of it) partition the plane. The forward's window of cell c starts at f(c),
 // so its index lies in its box, where no other cell's can:
 //   dx[e] = 0 + dy[o] at e = idx[o], 0 at the other elements of o's box.
-// A block takes a range of cells of one plane (a multiple of 2 cells); a thread takes
+// A block takes a range of cells of one plane (a multiple of 4 cells); a thread takes
 // kBoxCells of them in units of Cells W-adjacent cells (units j, j + kThreads, ...:
 // coalesced dy and idx loads, and stores along W that meet the next thread's) and
 // writes their boxes whole: every element once, no shared memory, no atomics. Cells > 0:
 // the boxes are 2 wide along W (fmp_backward_config) and a unit's box row, 2 * Cells
-// elements, is one vector store (Cells = 2 needs an even out along W and dx aligned to
-// 4 elements). Cells = 0: dx not aligned to 2 elements, rows stored
-// element by element.
+// elements, is one vector store of at most 16 bytes (Cells = 2 or 4 needs out along W a
+// multiple of Cells and dx aligned to 2 * Cells elements). Cells = 0: dx not aligned to 2
+// elements, rows stored element by element.
 // Float rounding can move a start by one (c + u rounds up to c + 1 when u is within
 // half an ulp of 1), sending an index to the first element of the next box, or the
 // last of the previous one. Such a cell is a MOVER: its index lies outside its box but

@@ -264,7 +264,8 @@ inline FmpBackwardConfig fmp_backward_config(const FmpGeometry& g, c10::ScalarTy
     c.threads = kFmpThreads;
     const int64_t per_block = int64_t(kFmpThreads) * kFmpBoxCells;
     c.tiles = ceil_div(g.out_plane(), per_block);
-    c.block_cells = ceil_div(ceil_div(g.out_plane(), c.tiles), 2) * 2;  // even: pairs of cells
+    // Whole units of up to kFmpBoxCells W-adjacent cells (fmp_backward_boxes_kernel).
+    c.block_cells = ceil_div(ceil_div(g.out_plane(), c.tiles), int64_t(kFmpBoxCells)) * kFmpBoxCells;
   } else {
     c.kind = c.disjoint ? FmpBackwardKernel::kTileStores : FmpBackwardKernel::kTileCounts;
     const int64_t acc_size = dtype == c10::ScalarType::Double ? 8 : 4;
