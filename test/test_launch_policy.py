@@ -108,6 +108,8 @@ CASES = [
     # tile stores (disjoint windows), 64-bit index math, and an empty batch.
     ("fractional_max_pool2d_backward", [2, 4, 8, 16, 112, 112, 2, 2, 56, 56], F32, "owned_boxes",
      dict(index32=1, blocks=512, block_cells=784, stride_h=2, stride_w=2, fixup_group=1, fixup_blocks=128), 2048),
+    ("fractional_max_pool2d_backward", [2, 4, 1, 1, 514, 8, 2, 2, 257, 4], BF16, "owned_boxes",
+     dict(blocks=2, block_cells=516), 8),  # 1028 cells: two blocks of whole units of 4 cells
     ("fractional_max_pool2d_backward", [2, 4, 8, 16, 112, 112, 3, 3, 56, 56], F32, "tile_counts",
      dict(blocks=256, tile_h=56, tile_w=112, tiles=2, box_cells=1624, whole_rows=1, smem=50112, fixup_blocks=128),
      1024),
