@@ -412,7 +412,7 @@ def _crowded_indices(x, dims, k, out):
 
 def _check_backward_flags(dims, x, k, out, i, kind, flags_per_plane):
     """The backward of random grads at indices i equals the CPU kernel's, run to run; on
-    CUDA it takes the kernel `kind` and leaves these stray flags (one block per plane)."""
+    CUDA it takes the kernel `kind` and leaves these stray flags (per plane, one per block)."""
     g = random(i.shape, x.dtype, x.device)
     dx = _bw(dims)(g, x, list(k), list(out), i)
     assert torch.equal(dx.cpu(), _bw(dims)(g.cpu(), x.cpu(), list(k), list(out), i.cpu()))
@@ -487,6 +487,33 @@ def test_backward_owned_boxes_movers_and_strays(device, dims, dtype):
     expected[0, 0] = expected[0, 1] = expected[1, 1] = 2
     expected[1, 0] = 1
     _check_backward_flags(dims, x, k, out, i, "owned_boxes", expected)
+
+
+@pytest.mark.parametrize("dims, shape, k, out, kind", [
+    (2, (2, 1, 112, 112), (2, 2), (56, 56), "owned_boxes"),        # 4 blocks a plane
+    (3, (2, 1, 32, 64, 64), (2, 2, 2), (16, 32, 32), "owned_boxes"),  # 16 blocks a plane
+    (2, (2, 1, 140, 120), (3, 3), (50, 40), "tile_counts"),         # 2 tiles a plane
+])
+def test_backward_planes_of_many_blocks_fixed(device, dims, shape, k, out, kind):
+    # Planes of several blocks. Forward indices at samples of 1/2 (no window moved), then
+    # in plane 0 the last cell's index sent to the element before its window along W (a
+    # mover for owned boxes, within reach for the tiles), in plane 1 to element 0 (a
+    # stray: the plane's full scan). Both equal the CPU kernel's result; on CUDA only each
+    # plane's last block is flagged.
+    x = random(shape, torch.float32, device)
+    s = torch.full((shape[0], shape[1], dims), 0.5, dtype=torch.float32, device=device)
+    _, i = _fw(dims)(x, list(k), list(out), s)
+    i = i.clone()
+    w = shape[-1]
+    last = i[0, 0].view(-1)[-1]
+    i[0, 0].view(-1)[-1] = last - last % w + (w - k[-1] - 1)
+    i[1, 0].view(-1)[-1] = 0
+    blocks = max(1, _backward_plan(dims, shape, k, out, x.dtype, device).workspace_size() // 4 // 2)
+    assert blocks > 1 or device.type == "cpu"
+    expected = torch.zeros((2, blocks), dtype=torch.int32)
+    expected[0, -1] = 2 if kind == "owned_boxes" else 0
+    expected[1, -1] = 1
+    _check_backward_flags(dims, x, k, out, i, kind, expected)
 
 
 @pytest.mark.parametrize("dims", [2, 3])

@@ -48,15 +48,17 @@ def self_checks():
     # (shape, kernel, output): each CUDA backward variant: overlapping windows (counts;
     # 3d: up to 80 candidates per element), a plane split in two tiles, disjoint windows
     # of a stride that is not an integer (tiles), integer strides (owned boxes: 2 = k,
-    # pairs along W; 3 > k, scalar stores). Each with forward indices, then with one of
-    # the first plane's pointing at its last element (a stray), then with all of them at
-    # its first (overlapping windows: thousands of contributions in the split plane); float32
-    # also with samples of 1 - 2^-24, which move windows (owned boxes' movers).
+    # pairs along W; 3 > k, scalar stores; planes of 4 and 2 blocks, flagged ones fixed by
+    # the second kernel). Each with forward indices, then with one of the first plane's
+    # pointing at its last element (a stray), then with all of them at its first
+    # (overlapping windows: thousands of contributions in the split plane); float32 also
+    # with samples of 1 - 2^-24, which move windows (owned boxes' movers).
     backward_problems = {
         2: [((2, 3, 23, 19), (3, 3), (12, 10)), ((1, 2, 150, 130), (4, 3), (60, 90)),
-            ((2, 3, 25, 19), (2, 2), (11, 8)), ((2, 3, 24, 18), (2, 2), (12, 9)), ((1, 3, 23, 23), (2, 2), (8, 8))],
+            ((2, 3, 25, 19), (2, 2), (11, 8)), ((2, 3, 24, 18), (2, 2), (12, 9)), ((1, 3, 23, 23), (2, 2), (8, 8)),
+            ((1, 2, 112, 112), (2, 2), (56, 56))],
         3: [((2, 3, 9, 11, 10), (3, 3, 3), (5, 6, 7)), ((2, 3, 9, 11, 10), (2, 2, 2), (4, 5, 4)),
-            ((2, 3, 8, 10, 12), (2, 2, 2), (4, 5, 6))],
+            ((2, 3, 8, 10, 12), (2, 2, 2), (4, 5, 6)), ((1, 2, 8, 32, 64), (2, 2, 2), (4, 16, 32))],
     }
 
     def backward(dims, dtype):
