@@ -1,4 +1,5 @@
 // fractional_max_pool family (2d and 3d), CPU kernels.
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,12 +19,42 @@
 namespace baracuda {
 namespace {
 
+// The first maximum (NaN wins) of the window whose first element is xp[origin] and
+// its plane index: KT x K x K elements (K > 0: every pooled axis has kernel size K,
+// the loops unrolled) or g.k's (K == 0). Compared in acc_t; the output keeps the
+// element's own bits (a NaN's payload included), as PyTorch's kernel does.
+template <int KT, int K, typename scalar_t, typename acc_t>
+inline void fmp_window_max(const FmpGeometry& g, const scalar_t* xp, int64_t origin, scalar_t& y, int64_t& idx) {
+  const int64_t kt = K > 0 ? KT : g.k[0], kh = K > 0 ? K : g.k[1], kw = K > 0 ? K : g.k[2];
+  const int64_t in_h = g.in[1], in_w = g.in[2];
+  acc_t best = -std::numeric_limits<acc_t>::infinity();
+  scalar_t best_value = static_cast<scalar_t>(best);
+  int64_t best_index = origin;
+  for (int64_t t = 0; t < kt; ++t) {
+    for (int64_t h = 0; h < kh; ++h) {
+      const int64_t row = origin + (t * in_h + h) * in_w;
+      for (int64_t w = 0; w < kw; ++w) {
+        const scalar_t raw = xp[row + w];
+        const acc_t v = static_cast<acc_t>(raw);
+        if (v > best || v != v) {
+          best = v;
+          best_value = raw;
+          best_index = row + w;
+        }
+      }
+    }
+  }
+  y = best_value;
+  idx = best_index;
+}
+
 // Forward, one plane at a time: the window starts of each axis from the plane's
 // samples (computed in scalar_t, as PyTorch's CPU kernel does), then for every
-// output cell the first maximum of its k_T x k_H x k_W window (NaN wins).
-template <typename scalar_t>
+// output cell the first maximum of its k_T x k_H x k_W window.
+template <int KT, int K, typename scalar_t>
 void fmp_forward_planes(const FmpGeometry& g, const scalar_t* x, const scalar_t* samples, scalar_t* y,
                         int64_t* idx) {
+  using acc_t = at::opmath_type<scalar_t>;
   const int dims = g.dims;
   const int64_t in_plane = g.in_plane(), out_plane = g.out_plane();
   // A grain of about 32k window loads: a plane's work is its output cells times the window.
@@ -40,29 +71,27 @@ void fmp_forward_planes(const FmpGeometry& g, const scalar_t* x, const scalar_t*
       int64_t o = p * out_plane;
       for (int64_t ot = 0; ot < g.out[0]; ++ot) {
         for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+          const int64_t row = (start[0][ot] * g.in[1] + start[1][oh]) * g.in[2];
           for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
-            const int64_t t0 = start[0][ot], h0 = start[1][oh], w0 = start[2][ow];
-            scalar_t best = -std::numeric_limits<scalar_t>::infinity();
-            int64_t best_index = (t0 * g.in[1] + h0) * g.in[2] + w0;
-            for (int64_t t = t0; t < t0 + g.k[0]; ++t) {
-              for (int64_t h = h0; h < h0 + g.k[1]; ++h) {
-                const int64_t row = (t * g.in[1] + h) * g.in[2];
-                for (int64_t w = w0; w < w0 + g.k[2]; ++w) {
-                  const scalar_t v = xp[row + w];
-                  if (v > best || std::isnan(static_cast<double>(v))) {
-                    best = v;
-                    best_index = row + w;
-                  }
-                }
-              }
-            }
-            y[o] = best;
-            idx[o] = best_index;
+            fmp_window_max<KT, K, scalar_t, acc_t>(g, xp, row + start[2][ow], y[o], idx[o]);
           }
         }
       }
     }
   });
+}
+
+// The forward with its windows unrolled where every pooled axis has kernel size 2 or 3.
+template <typename scalar_t>
+void fmp_forward(const FmpGeometry& g, const scalar_t* x, const scalar_t* samples, scalar_t* y, int64_t* idx) {
+  const int k = g.uniform_kernel();
+  if (k == 2) {
+    g.dims == 3 ? fmp_forward_planes<2, 2>(g, x, samples, y, idx) : fmp_forward_planes<1, 2>(g, x, samples, y, idx);
+  } else if (k == 3) {
+    g.dims == 3 ? fmp_forward_planes<3, 3>(g, x, samples, y, idx) : fmp_forward_planes<1, 3>(g, x, samples, y, idx);
+  } else {
+    fmp_forward_planes<0, 0>(g, x, samples, y, idx);
+  }
 }
 
 // Backward, one plane at a time: dx[idx[o]] += dy[o] for o in increasing order
@@ -104,8 +133,8 @@ void fmp_out_cpu(const at::Tensor& self, at::IntArrayRef kernel_size, at::IntArr
   const auto x = self.contiguous();
   const auto s = random_samples.contiguous();
   BARACUDA_DISPATCH_FLOATING(self.scalar_type(), "fractional_max_pool_cpu", [&] {
-    fmp_forward_planes<scalar_t>(g, x.const_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(),
-                                 output.mutable_data_ptr<scalar_t>(), indices.mutable_data_ptr<int64_t>());
+    fmp_forward<scalar_t>(g, x.const_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(),
+                          output.mutable_data_ptr<scalar_t>(), indices.mutable_data_ptr<int64_t>());
   });
 }
 

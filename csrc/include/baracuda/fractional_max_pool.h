@@ -91,6 +91,15 @@ struct FmpGeometry {
   int64_t planes() const { return batch * channels; }
   int64_t in_plane() const { return in[0] * in[1] * in[2]; }
   int64_t out_plane() const { return out[0] * out[1] * out[2]; }
+  // 2 or 3 when every pooled axis has that kernel size (the kernels' windows unrolled), else 0.
+  int uniform_kernel() const {
+    for (const int k_all : {2, 3}) {
+      bool all = true;
+      for (int a = 3 - dims; a < 3; ++a) all = all && k[a] == k_all;
+      if (all) return k_all;
+    }
+    return 0;
+  }
 };
 
 // Validates the problem shape (not tensors) and returns its geometry.

@@ -190,12 +190,7 @@ inline FmpForwardConfig fmp_forward_config(const FmpGeometry& g, c10::ScalarType
   bool fits = g.planes() * g.in_plane() < kFmpInt31 && g.planes() * g.out_plane() < kFmpInt31;
   // Backward reach and cell-range math multiplies (x + k + 3) * out-sized values.
   for (int a = 0; a < 3; ++a) fits = fits && (g.in[a] + g.k[a] + 3) * (g.out[a] + 1) < kFmpInt31;
-  int k = 0;
-  for (int kk : {2, 3}) {
-    bool all = true;
-    for (int a = 3 - g.dims; a < 3; ++a) all = all && g.k[a] == kk;
-    if (all) k = kk;
-  }
+  const int k = g.uniform_kernel();
   bool disjoint = true;  // alpha = (in - k) / (out - 1) >= k on every axis
   for (int a = 0; a < 3; ++a) disjoint = disjoint && (g.out[a] <= 1 || g.k[a] * (g.out[a] - 1) <= g.in[a] - g.k[a]);
   c.index32 = fits;
