@@ -100,9 +100,9 @@ void repeat_copy(const at::Tensor& x, const TiledLayout& t, const at::Tensor& ou
 // accumulated in acc_t in that fixed order. Parallel over input elements, each
 // chunk split at input-row boundaries so a row's tiles are contiguous runs. A run
 // is summed in column blocks of 8, 4, 2 and 1 vectors of the CPU's widest ISA
-// (cpu::run_vectorized), each block's sums held in registers over all the tiles
-// and stored once (a row of sums in memory took a load and a store per vector per
-// tile), then its last columns one at a time.
+// (cpu::run_vectorized), then a half and a quarter vector, each block's sums held in
+// registers over all the tiles and stored once (a row of sums in memory took a load
+// and a store per vector per tile), then its last columns one at a time.
 
 // Columns [0, kVecs * kPer) of a run at g: their sums over the tiles, into dx.
 template <int kVecs, int kBytes, typename scalar_t, typename acc_t, typename ForEachTile>
@@ -188,6 +188,18 @@ void repeat_reduce(const scalar_t* grad, const TiledLayout& t, scalar_t* dx) {
         if (i + 4 * kPer <= n) block(std::integral_constant<int, 4>{});
         if (i + 2 * kPer <= n) block(std::integral_constant<int, 2>{});
         if (i + kPer <= n) block(std::integral_constant<int, 1>{});
+        // Then a half and a quarter vector (a run of 56 float32 with AVX-512: 48 + 8).
+        const auto narrow = [&](auto bytes) {
+          constexpr int kNarrowPer = decltype(bytes)::value / int(sizeof(acc_t));
+          if constexpr (kNarrowPer >= 2) {
+            if (i + kNarrowPer <= n) {
+              tile_sum_block<1, decltype(bytes)::value, scalar_t, acc_t>(g + i, dx + c + i, for_each_tile);
+              i += kNarrowPer;
+            }
+          }
+        };
+        narrow(std::integral_constant<int, kBytes / 2>{});
+        narrow(std::integral_constant<int, kBytes / 4>{});
         for (; i < n; ++i) {
           acc_t sum = 0;
           for_each_tile([&](int64_t offset) { sum += static_cast<acc_t>(g[offset + i]); });
