@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -64,20 +65,26 @@ void forward_rows(const T* x, const W* w, T* y, acc_t* rstd, int64_t M, int64_t 
 // Per row, with g_i = dy_i * w_i and s = sum_i g_i * x_i:
 //   dx_i = rstd * g_i - x_i * rstd^3 * s / N
 // and dw_j = sum_rows dy_j * x_j * rstd: each chunk of rows sums into its own
-// partial row (rows in order), then the partials are added in chunk order.
+// partial row (rows in order), then the partials are added in chunk order. Chunks of
+// one row (M <= kMaxChunks) keep no partial rows: the last pass adds the rows' own
+// products, the same terms in the same order, reading dy and x again rather than
+// writing and reading a partial row per row.
 template <typename T, typename W, typename acc_t>
 void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx, W* dw, int64_t M, int64_t N) {
   const std::vector<acc_t> wa = weight_as_acc<acc_t>(w, N);
   const int64_t chunks = std::min(M, kMaxChunks);
   const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
-  std::vector<acc_t> partials(dw != nullptr ? chunks * N : 0);
+  const int64_t filled = (M + rows_per_chunk - 1) / rows_per_chunk;  // chunks that hold rows
+  const bool partial_rows = dw != nullptr && rows_per_chunk > 1;
+  std::unique_ptr<acc_t[]> partials(partial_rows ? new acc_t[chunks * N] : nullptr);  // each row written first
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     std::vector<acc_t> dy_buf, x_buf, g_buf(dx != nullptr ? N : 0);
-    cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto) {
+    cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto vector_bytes) {
+      constexpr int kBytes = decltype(vector_bytes)::value;
       for (int64_t c = c_begin; c < c_end; ++c) {
-        acc_t* part = dw != nullptr ? partials.data() + c * N : nullptr;
-        const int64_t row_end = std::min(M, (c + 1) * rows_per_chunk);
-        for (int64_t row = c * rows_per_chunk; row < row_end; ++row) {
+        acc_t* part = partial_rows ? partials.get() + c * N : nullptr;
+        const int64_t row_begin = c * rows_per_chunk, row_end = std::min(M, (c + 1) * rows_per_chunk);
+        for (int64_t row = row_begin; row < row_end; ++row) {
           const acc_t* dya = cpu::row_as_acc<acc_t>(dy + row * N, N, dy_buf);
           const acc_t* xa = cpu::row_as_acc<acc_t>(x + row * N, N, x_buf);
           const acc_t r = rstd[row];
@@ -86,9 +93,17 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
             for (int64_t j = 0; j < N; ++j) g[j] = dya[j] * wa[j];
             const acc_t k = r * r * r * dot(g, xa, N) / static_cast<acc_t>(N);
             T* dxr = dx + row * N;
-            for (int64_t j = 0; j < N; ++j) dxr[j] = static_cast<T>(r * g[j] - xa[j] * k);
+            if constexpr (std::is_same_v<T, acc_t>) {
+              for (int64_t j = 0; j < N; ++j) dxr[j] = r * g[j] - xa[j] * k;
+            } else {  // 16-bit rows rounded in vectors
+              for (int64_t j = 0; j < N; ++j) g[j] = r * g[j] - xa[j] * k;
+              cpu::store_from_acc<kBytes>(dxr, g, N);
+            }
           }
-          if (part != nullptr) {
+          if (part == nullptr) continue;
+          if (row == row_begin) {  // 0 + p, but for the sign of a zero, which the sum below drops
+            for (int64_t j = 0; j < N; ++j) part[j] = dya[j] * xa[j] * r;
+          } else {
             for (int64_t j = 0; j < N; ++j) part[j] += dya[j] * xa[j] * r;
           }
         }
@@ -96,13 +111,21 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
     });
   });
   if (dw == nullptr) return;
-  constexpr int64_t kCols = 4096;
+  constexpr int64_t kCols = 1024;
   at::parallel_for(0, N, kCols, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> s(end - begin, acc_t(0));
+    const int64_t n = end - begin;
+    std::vector<acc_t> s(n, acc_t(0)), dy_buf, x_buf;
     cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto) {
-      for (int64_t c = 0; c < chunks; ++c) {
-        const acc_t* p = partials.data() + c * N + begin;
-        for (int64_t j = 0; j < end - begin; ++j) s[j] += p[j];
+      for (int64_t c = 0; c < filled; ++c) {
+        if (partial_rows) {
+          const acc_t* p = partials.get() + c * N + begin;
+          for (int64_t j = 0; j < n; ++j) s[j] += p[j];
+        } else {  // chunk c is row c
+          const acc_t* dya = cpu::row_as_acc<acc_t>(dy + c * N + begin, n, dy_buf);
+          const acc_t* xa = cpu::row_as_acc<acc_t>(x + c * N + begin, n, x_buf);
+          const acc_t r = rstd[c];
+          for (int64_t j = 0; j < n; ++j) s[j] += dya[j] * xa[j] * r;
+        }
       }
       for (int64_t j = begin; j < end; ++j) dw[j] = static_cast<W>(s[j - begin]);
     });
