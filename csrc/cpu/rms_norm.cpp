@@ -76,7 +76,7 @@ void backward_rows(const T* dy, const T* x, const acc_t* rstd, const W* w, T* dx
   const int64_t rows_per_chunk = (M + chunks - 1) / chunks;
   const int64_t filled = (M + rows_per_chunk - 1) / rows_per_chunk;  // chunks that hold rows
   const bool partial_rows = dw != nullptr && rows_per_chunk > 1;
-  std::unique_ptr<acc_t[]> partials(partial_rows ? new acc_t[chunks * N] : nullptr);  // each row written first
+  std::unique_ptr<acc_t[]> partials(partial_rows ? new acc_t[filled * N] : nullptr);  // each row written first
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     std::vector<acc_t> dy_buf, x_buf, g_buf(dx != nullptr ? N : 0);
     cpu::run_vectorized<cpu::VectorIsa::kAvx2>([&](auto vector_bytes) {
